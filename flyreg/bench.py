@@ -1,0 +1,165 @@
+"""Timing a callable: device events on a GPU, ``perf_counter`` on the CPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+#: Bytes zeroed between reps to evict a GPU's L2 (the H200 has 60 MiB).
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+_flush_buffers: dict[Any, Any] = {}
+
+
+@attrs.frozen
+class BenchResult:
+    """Per-rep times in milliseconds: ``median`` and the spread around it."""
+
+    median: float
+    p20: float
+    p80: float
+    min: float
+    max: float
+    reps: int
+
+    @classmethod
+    def of(cls, times: list[float]) -> BenchResult:
+        if not times:
+            raise ValueError("times must not be empty")
+        qs = statistics.quantiles(times, n=5, method="inclusive") if len(times) > 1 else [times[0]] * 4
+        return cls(statistics.median(times), qs[0], qs[3], min(times), max(times), len(times))
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: the relative spread of the middle reps."""
+        return (self.p80 - self.p20) / self.median if self.median > 0 else 0.0
+
+
+def _check_counts(warmup: int, rep: int) -> None:
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not isinstance(rep, int) or rep < 1:
+        raise ValueError(f"rep must be an int >= 1, got {rep!r}")
+
+
+def do_bench(
+    fn: Callable[[], Any],
+    warmup: int = 5,
+    rep: int = 20,
+    *,
+    setup: Callable[[], Any] | None = None,
+    device: Any = "cpu",
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+) -> BenchResult:
+    """Time ``fn()`` over ``rep`` runs after ``warmup`` runs (counts, not milliseconds).
+
+    ``setup()`` runs before every run, outside the timed region (restore inputs there).
+    On a CUDA ``device`` each run is timed with CUDA events, the L2 is flushed before each
+    run unless ``flush_l2`` is false, and ``cuda_graph=True`` times graph replays instead of
+    launches (for launch-bound kernels; ``setup`` is captured too and its own time subtracted).
+    """
+    _check_counts(warmup, rep)
+    kind = getattr(device, "type", None) or str(device).partition(":")[0]
+    if kind != "cuda":
+        return _bench_cpu(fn, warmup, rep, setup)
+    import torch
+
+    dev = torch.device(device)
+    with torch.cuda.device(dev):
+        if cuda_graph:
+            return _bench_graph(torch, fn, warmup, rep, setup)
+        return _bench_cuda(torch, dev, fn, warmup, rep, setup, flush_l2)
+
+
+def _bench_cpu(fn: Callable[[], Any], warmup: int, rep: int, setup: Callable[[], Any] | None) -> BenchResult:
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    times = []
+    for _ in range(rep):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return BenchResult.of(times)
+
+
+def _bench_cuda(torch: Any, dev: Any, fn: Callable[[], Any], warmup: int, rep: int,
+                setup: Callable[[], Any] | None, flush_l2: bool) -> BenchResult:
+    flush = None
+    if flush_l2:
+        flush = _flush_buffers.get(dev)
+        if flush is None:
+            flush = _flush_buffers[dev] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=dev)
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    torch.cuda.synchronize()
+    for i in range(rep):
+        if setup is not None:
+            setup()
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return BenchResult.of([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def _bench_graph(torch: Any, fn: Callable[[], Any], warmup: int, rep: int,
+                 setup: Callable[[], Any] | None) -> BenchResult:
+    inner = 10
+
+    def body() -> None:
+        for _ in range(inner):
+            if setup is not None:
+                setup()
+            fn()
+
+    def setup_only() -> None:
+        for _ in range(inner):
+            setup()  # type: ignore[misc]
+
+    graphs = [_capture(torch, body)]
+    if setup is not None:
+        graphs.append(_capture(torch, setup_only))
+    per_graph = []
+    for g in graphs:
+        for _ in range(warmup):
+            g.replay()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+        torch.cuda.synchronize()
+        for i in range(rep):
+            starts[i].record()
+            g.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        per_graph.append([s.elapsed_time(e) / inner for s, e in zip(starts, ends)])
+    times = per_graph[0]
+    if len(per_graph) == 2:
+        overhead = statistics.median(per_graph[1])
+        times = [max(t - overhead, 0.0) for t in times]
+    return BenchResult.of(times)
+
+
+def _capture(torch: Any, body: Callable[[], None]) -> Any:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()  # warm up on a side stream, as capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph

@@ -1,0 +1,121 @@
+"""The shared build cache and the one-call constructors ``autotune_builder`` and ``autotune``."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .config import Config, JSONScalar
+
+BuildFn = Callable[[Config, dict[str, JSONScalar]], Callable[..., Any]]
+
+
+class BuildCache:
+    """Launch callables keyed on (op, structural knobs, spec) only.
+
+    Configs that differ only in compiler hints share one build; the hints reach the
+    backend at launch, where it keeps one binary per hint value.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        self.builds = 0
+
+    def get(self, op: str, config: Config, spec: dict[str, JSONScalar], structural: tuple[str, ...] | None,
+            build: BuildFn) -> Callable[..., Any]:
+        key = (op, config.structural(structural), tuple(sorted(spec.items())))
+        launch = self._built.get(key)
+        if launch is None:
+            launch = build(config, dict(spec))
+            if not callable(launch):
+                raise TypeError(f"{op}: build() must return a launch callable, got {type(launch).__name__}")
+            with self._lock:
+                self.builds += 1
+                launch = self._built.setdefault(key, launch)
+        return launch
+
+    def clear(self, op: str | None = None) -> None:
+        with self._lock:
+            for key in [k for k in self._built if op is None or k[0] == op]:
+                del self._built[key]
+
+
+#: The one build cache every tuner shares unless given its own.
+BUILD_CACHE = BuildCache()
+
+
+def autotune_builder(
+    name: str,
+    build: BuildFn,
+    specialize: Callable[..., dict[str, JSONScalar]],
+    configs: Sequence[Config] | Callable[[dict[str, JSONScalar]], Sequence[Config]],
+    default: Callable[[dict[str, JSONScalar]], Config] | None = None,
+    structural: Iterable[str] | None = None,
+    **options: Any,
+) -> Any:
+    """Assemble an op's tuner in one call (builder mode).
+
+    ``build(config, spec)`` returns a launch callable; ``specialize(*args, **kwargs)`` returns
+    the call's spec axes; ``configs`` is a list or a callable of the spec; ``default(spec)`` is
+    the heuristic config served with no search; ``structural`` names the knobs that change
+    the built code (default: all). Other options are those of :class:`flyreg.Autotuner`.
+
+    Example::
+
+        rmsnorm = autotune_builder("my_rmsnorm", build, specialize, configs, default, structural=["BLOCK"])
+        y = rmsnorm(x, w)
+    """
+    from .tuner import Autotuner
+
+    return Autotuner(name, build, specialize, configs, default, structural=structural, **options)
+
+
+def autotune(
+    configs: Sequence[Config],
+    key: Iterable[str],
+    *,
+    name: str | None = None,
+    default: Config | None = None,
+    **options: Any,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Decorate a plain callable: the winning config's knobs are passed to it as keyword arguments.
+
+    ``key`` names the arguments whose values enter the cache key, as with ``triton.autotune``.
+    Compiler hints are passed too when the callable takes them (``num_warps=...``).
+
+    Example::
+
+        @autotune([Config({"CHUNK": 64}), Config({"CHUNK": 512})], key=["n"])
+        def scale(x, out, n, CHUNK): ...
+    """
+    key_names = tuple(key)
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        sig = inspect.signature(fn)
+        missing = [k for k in key_names if k not in sig.parameters]
+        if missing:
+            raise ValueError(f"autotune key names {missing} are not parameters of {fn.__name__}{sig}")
+        arg_names = [p.name for p in sig.parameters.values()
+                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+        def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
+            bound = sig.bind_partial(*args, **kwargs)
+            bound.apply_defaults()
+            return {k: bound.arguments[k] for k in key_names}
+
+        def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
+            return functools.partial(fn, **config.kwargs)
+
+        from .tuner import Autotuner
+
+        tuner = Autotuner(name or fn.__name__, build, specialize, list(configs),
+                          (lambda spec: default) if default is not None else None,
+                          arg_names=arg_names, **options)
+        functools.update_wrapper(tuner, fn)
+        return tuner
+
+    return wrap

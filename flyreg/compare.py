@@ -1,0 +1,45 @@
+"""The correctness gate: does a candidate's output match the reference's?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: (rtol, atol) by the output's dtype; outputs are compared in float64.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float16: (4e-3, 2e-3),
+    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-7, 1e-9),
+}
+
+
+def mismatch(out: Any, ref: Any, where: str = "output") -> str | None:
+    """Why ``out`` differs from ``ref`` beyond the tolerance of ``out``'s dtype, or None if it matches."""
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
+            return f"{where} is {type(out).__name__}, expected a tensor"
+        if out.shape != ref.shape:
+            return f"{where} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+        if not out.is_floating_point():
+            return None if torch.equal(out.cpu(), ref.cpu().to(out.dtype)) else f"{where} differs"
+        rtol, atol = TOLERANCES.get(out.dtype, (1e-2, 1e-2))
+        a = out.detach().double().cpu()
+        b = ref.detach().double().cpu()
+        if torch.isnan(a).any() and not torch.isnan(b).any():
+            return f"{where} has NaN"
+        bad = ~torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+        if bad.any():
+            err = (a - b).abs().nan_to_num(float("inf")).max().item()
+            return f"{where}: {int(bad.sum())} of {a.numel()} elements off (max abs error {err:.3g})"
+        return None
+    if isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            return f"{where} is not a sequence of {len(ref)}"
+        for i, (o, r) in enumerate(zip(out, ref)):
+            why = mismatch(o, r, f"{where}[{i}]")
+            if why:
+                return why
+        return None
+    return None if out == ref else f"{where} is {out!r}, expected {ref!r}"

@@ -1,0 +1,163 @@
+"""Cache-key axes: tensor layouts, device identity, toolchain fingerprint, environment."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ._version import __version__
+from .config import JSONScalar, check_scalar
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@attrs.frozen
+class DeviceIdentity:
+    """The product a config was tuned on (``name``) and its architecture (``arch``)."""
+
+    name: str
+    arch: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "arch": self.arch}
+
+
+def sanitize(text: str) -> str:
+    """Map ``text`` to ASCII letters, digits and ``._-`` (runs of anything else become ``_``)."""
+    return _UNSAFE.sub("_", text).strip("_") or "_"
+
+
+def stride_pattern(shape: Iterable[int], strides: Iterable[int]) -> tuple[int, ...]:
+    """Per dimension: 0 broadcast, 1 contiguous (unit stride), 2 strided."""
+    return tuple(0 if s == 0 else 1 if s == 1 else 2 for _, s in zip(shape, strides))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def device_identity(device_type: str, index: int | None = None) -> DeviceIdentity:
+    """The identity of a torch device (``"cuda"``, index) or the CPU; cached per process."""
+    if device_type == "cpu":
+        return DeviceIdentity(sanitize(_cpu_name()), f"cpu-{platform.machine() or 'unknown'}")
+    import torch
+
+    if device_type == "cuda":
+        idx = torch.cuda.current_device() if index is None else index
+        props = torch.cuda.get_device_properties(idx)
+        if getattr(torch.version, "hip", None):
+            arch = str(getattr(props, "gcnArchName", "gfx")).split(":", 1)[0]
+        else:
+            arch = f"sm_{props.major}{props.minor}"
+        return DeviceIdentity(sanitize(props.name), arch)
+    return DeviceIdentity(sanitize(device_type), device_type)
+
+
+def identity_of(device: Any) -> DeviceIdentity:
+    """Identity of a ``torch.device``, a device string such as ``"cuda:0"``, or ``None`` (the CPU)."""
+    if device is None:
+        return device_identity("cpu")
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        return device_identity(kind, int(idx) if idx else None)
+    return device_identity(device.type, device.index)
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain() -> tuple[tuple[str, str], ...]:
+    """flyreg, torch, Triton, CUDA and HIP versions where present; computed once per process."""
+    parts: dict[str, str | None] = {"flyreg": __version__}
+    parts["torch"] = _dist_version("torch")
+    parts["triton"] = _dist_version("triton") or _dist_version("pytorch-triton")
+    try:
+        import torch
+
+        parts["cuda"] = getattr(torch.version, "cuda", None)
+        parts["hip"] = getattr(torch.version, "hip", None)
+    except ImportError:
+        pass
+    return tuple((k, str(v)) for k, v in parts.items() if v)
+
+
+def fingerprint(op_version: str) -> dict[str, str]:
+    """The toolchain fingerprint of an op: :func:`toolchain` plus the op's own version."""
+    return {**dict(toolchain()), "op": op_version}
+
+
+def env_values(names: Iterable[str]) -> tuple[tuple[str, str | None], ...]:
+    """Current values of the declared cache-invalidating environment variables."""
+    return tuple((n, os.environ.get(n)) for n in names)
+
+
+def normalize_spec(spec: object, what: str = "spec") -> dict[str, JSONScalar]:
+    """Check ``spec`` is a mapping of str -> JSON scalar and return it as it reads back from JSON.
+
+    Tuples become lists in JSON, so non-scalar values are rejected here rather than left to
+    collide later; ints that are floats stay distinct as JSON keeps them.
+    """
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{what} must be a dict of axis -> JSON scalar, got {type(spec).__name__}")
+    out: dict[str, JSONScalar] = {}
+    for k, v in spec.items():
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"{what} axis names must be non-empty strings, got {k!r}")
+        out[k] = check_scalar(v, f"{what}[{k!r}]")
+    return json.loads(json.dumps(out, sort_keys=True))
+
+
+def tensor_axes(named: Iterable[tuple[str, Any]]) -> list[list[Any]]:
+    """``[name, dtype, stride pattern]`` of each tensor among ``named``, ordered by name."""
+    out = []
+    for name, value in named:
+        dtype = getattr(value, "dtype", None)
+        stride = getattr(value, "stride", None)
+        if dtype is None or stride is None or not hasattr(value, "shape"):
+            continue
+        out.append([name, str(dtype).removeprefix("torch."), list(stride_pattern(value.shape, stride()))])
+    return sorted(out)
+
+
+def cache_key(
+    op: str,
+    spec: Mapping[str, JSONScalar],
+    tensors: list[list[Any]],
+    device: DeviceIdentity,
+    op_version: str,
+    env: tuple[tuple[str, str | None], ...],
+) -> str:
+    """The scratch-cache key of one resolved call, as a canonical JSON string."""
+    return json.dumps(
+        {
+            "op": op,
+            "spec": dict(spec),
+            "tensors": tensors,
+            "device": device.to_json(),
+            "toolchain": fingerprint(op_version),
+            "env": dict(env),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )

@@ -1,0 +1,93 @@
+"""Binding a resolved config to a launch callable for one call signature."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config import Config
+
+
+class Launcher:
+    """A launch callable bound to one config and one call signature.
+
+    ``call`` zeroes the ``reset_to_zero`` tensors and runs the config's ``pre_hook`` first;
+    ``raw`` only launches (the search does the zeroing outside its timed region).
+    """
+
+    __slots__ = ("config", "call", "raw")
+
+    def __init__(self, config: Config, call: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+                 raw: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+        self.config = config
+        self.call = call
+        self.raw = raw
+
+
+def _params(launch: Callable[..., Any]) -> tuple[int | None, set[str] | None]:
+    """(how many positional arguments ``launch`` takes, its keyword names); None means any."""
+    try:
+        params = inspect.signature(launch).parameters.values()
+    except (TypeError, ValueError):
+        return None, None
+    n_pos: int | None = 0
+    names: set[str] | None = set()
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            n_pos = None
+        elif p.kind is p.VAR_KEYWORD:
+            names = None
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and n_pos is not None:
+            n_pos += 1
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and names is not None:
+            names.add(p.name)
+    return n_pos, names
+
+
+def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], arg_names: Sequence[str], reset_to_zero: Sequence[str]) -> Launcher:
+    """Bind ``config`` to ``launch`` for calls shaped like ``(args, kwargs)``.
+
+    Call keywords and compiler hints are passed only where ``launch`` takes them. A positional
+    argument beyond what ``launch`` takes is a build-only scalar passed by position: rejected.
+    """
+    n_pos, names = _params(launch)
+    if n_pos is not None and len(args) > n_pos:
+        i = n_pos
+        name = arg_names[i] if i < len(arg_names) else f"#{i}"
+        raise TypeError(
+            f"{op}: argument {name!r} (position {i}, value {args[i]!r}) is passed positionally, but the "
+            f"launch callable takes {n_pos} positional argument(s); pass build-only scalars by keyword"
+        )
+    drop = frozenset() if names is None else frozenset(k for k in kwargs if k not in names)
+    extra = {k: v for k, v in config.hints.items() if (names is None or k in names) and k not in kwargs}
+    positions = {n: i for i, n in enumerate(arg_names)}
+    reset_pos = tuple(positions[n] for n in reset_to_zero if n in positions and positions[n] < len(args))
+    reset_kw = tuple(n for n in reset_to_zero if n in kwargs)
+    pre_hook = config.pre_hook
+
+    if not drop and not extra:
+        def raw(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+            return launch(*a, **kw)
+    else:
+        def raw(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+            if drop:
+                kw = {k: v for k, v in kw.items() if k not in drop}
+            return launch(*a, **kw, **extra)
+
+    if not reset_pos and not reset_kw and pre_hook is None:
+        return Launcher(config, raw, raw)
+
+    def call(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        for i in reset_pos:
+            a[i].zero_()
+        for k in reset_kw:
+            kw[k].zero_()
+        if pre_hook is not None:
+            named = {(arg_names[i] if i < len(arg_names) else f"arg{i}"): v for i, v in enumerate(a)}
+            named.update(kw)
+            pre_hook(named)
+        return raw(a, kw)
+
+    return Launcher(config, call, raw)

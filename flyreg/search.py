@@ -1,0 +1,92 @@
+"""One search: build, check and time every candidate config on a call's own inputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._fileio import warn_once
+from .bench import BenchResult, do_bench
+from .compare import mismatch
+from .config import Config, JSONScalar
+
+if TYPE_CHECKING:
+    from .tuner import Autotuner, TuneReport
+
+
+def _tensors(tuner: Autotuner, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for n in names:
+        if n not in named:
+            raise ValueError(f"{tuner.name}: {what} names {n!r}, which is not an argument of this call "
+                             f"(arguments: {sorted(named)})")
+        if not isinstance(named[n], torch.Tensor):
+            raise TypeError(f"{tuner.name}: {what} names {n!r}, which is {type(named[n]).__name__}, not a tensor")
+        out[n] = named[n]
+    return out
+
+
+def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_band: float) -> tuple[Config, float]:
+    """The fastest config; within ``tie_band`` of it, the default first, then the earliest."""
+    best = min(r.median for _, r in timed)
+    near = [(c, r) for c, r in timed if r.median <= best * (1 + tie_band)]
+    for c, r in near:
+        if c == default:
+            return c, r.median
+    return near[0][0], near[0][1].median
+
+
+def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, ...], kwargs: dict[str, Any],
+               named: dict[str, Any], device: Any, default: Config | None) -> TuneReport:
+    from .tuner import TuneError, TuneReport
+
+    cands = tuner._candidates(spec)
+    if default is not None and default not in cands:
+        cands.insert(0, default)
+    if not cands:
+        raise TuneError(f"{tuner.name}: no candidate configs for spec {spec}")
+    restore = _tensors(tuner, tuner.restore_value, named, "restore_value")
+    zero = list(_tensors(tuner, tuner.reset_to_zero, named, "reset_to_zero").values())
+    snapshot = {n: t.clone() for n, t in restore.items()}
+
+    def setup() -> None:
+        for n, t in restore.items():
+            t.copy_(snapshot[n])
+        for t in zero:
+            t.zero_()
+
+    ref = None
+    if tuner._reference is not None:
+        setup()
+        ref = tuner._reference(args, kwargs)
+    timed: list[tuple[Config, BenchResult]] = []
+    failed: list[tuple[Config, str]] = []
+    rejected: list[tuple[Config, str]] = []
+    try:
+        for config in cands:
+            try:
+                launcher = tuner._bind(config, spec, args, kwargs)
+                if ref is not None:
+                    setup()
+                    why = mismatch(launcher.raw(args, kwargs), ref)
+                    if why:
+                        rejected.append((config, why))
+                        warn_once(f"flyreg: {tuner.name}: config {config} rejected on spec {spec}: wrong result ({why})")
+                        continue
+                result = do_bench(lambda: launcher.raw(args, kwargs), tuner.warmup, tuner.rep, setup=setup,
+                                  device=device if device is not None else "cpu", cuda_graph=tuner.cuda_graph)
+                tuner.stats.benchmarks += 1
+            except Exception as e:  # a failing candidate is skipped, never fatal
+                failed.append((config, f"{type(e).__name__}: {e}"))
+                warn_once(f"flyreg: {tuner.name}: config {config} failed on spec {spec}: {type(e).__name__}: {e}")
+                continue
+            timed.append((config, result))
+    finally:
+        setup()  # the real call that follows runs on the true inputs
+    if not timed:
+        lines = [f"  {c}: {why}" for c, why in (*failed, *rejected)]
+        raise TuneError(f"{tuner.name}: every config failed on spec {spec}:\n" + "\n".join(lines))
+    winner, winner_ms = pick_winner(timed, default, tuner.tie_band)
+    default_ms = next((r.median for c, r in timed if c == default), None)
+    return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))

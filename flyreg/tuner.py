@@ -1,0 +1,347 @@
+"""The Autotuner: resolves a config per call key and launches it."""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from . import cache
+from ._fileio import warn_once
+from .bench import BenchResult, do_bench
+from .builder import BUILD_CACHE, BuildCache, BuildFn
+from .compare import mismatch
+from .config import Config, JSONScalar
+from .keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
+from .launch import Launcher, bind_launcher
+from .offline import OfflineStore, emit_artifact
+
+SOURCES = ("memory", "cache", "offline", "default", "search")
+
+
+class TuneError(RuntimeError):
+    """No candidate config of an op could run correctly on a spec."""
+
+
+def autotune_forced() -> bool:
+    """True when ``FLYREG_AUTOTUNE`` asks for a fresh search of every new key."""
+    return os.environ.get("FLYREG_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@attrs.frozen
+class Resolution:
+    """The config a call gets, where this lookup found it (``source``) and where it came from (``origin``).
+
+    ``path`` is the artifact that served it; ``stale`` says that artifact came from another
+    toolchain; ``nearest`` that it was tuned for the nearest spec, not this one.
+    """
+
+    config: Config
+    source: str
+    spec: dict[str, JSONScalar]
+    origin: str
+    path: str | None = None
+    stale: bool = False
+    nearest: bool = False
+
+
+@attrs.frozen
+class TuneReport:
+    """What a search did: the winner, its time and the default's, and every failure."""
+
+    op: str
+    spec: dict[str, JSONScalar]
+    winner: Config
+    winner_ms: float
+    default_ms: float | None
+    timings: tuple[tuple[Config, BenchResult], ...]
+    failed: tuple[tuple[Config, str], ...]
+    rejected: tuple[tuple[Config, str], ...]
+    artifact: str | None = None
+
+    @property
+    def tried(self) -> int:
+        return len(self.timings) + len(self.failed) + len(self.rejected)
+
+    @property
+    def speedup(self) -> float | None:
+        """Default time over winner time, where the default was timed."""
+        return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms > 0 else None
+
+
+@attrs.define
+class TunerStats:
+    """Counters for tests and reports: searches run and configs benchmarked."""
+
+    searches: int = 0
+    benchmarks: int = 0
+
+
+class Autotuner:
+    """Picks, remembers and serves the best config of one op.
+
+    On a call: in-memory -> scratch disk cache -> offline artifact -> heuristic default ->
+    full search. ``FLYREG_AUTOTUNE=1`` skips everything but the search for each new key and
+    re-writes its results. The steady-state call builds a key, looks it up and launches.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        build: BuildFn,
+        specialize: Callable[..., dict[str, JSONScalar]],
+        configs: Sequence[Config] | Callable[[dict[str, JSONScalar]], Sequence[Config]],
+        default: Callable[[dict[str, JSONScalar]], Config] | None = None,
+        *,
+        structural: Iterable[str] | None = None,
+        arg_names: Sequence[str] | None = None,
+        restore_value: Iterable[str] = (),
+        reset_to_zero: Iterable[str] = (),
+        prune_configs_by: Callable[[list[Config], dict[str, JSONScalar]], Sequence[Config]] | None = None,
+        reference: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None,
+        key_env: Iterable[str] = (),
+        version: str = "0",
+        warmup: int = 5,
+        rep: int = 20,
+        tie_band: float = 0.02,
+        cuda_graph: bool = False,
+        config_dirs: Iterable[str | os.PathLike[str]] = (),
+        ordered_axes: Iterable[str] = (),
+        emit: bool = False,
+        build_cache: BuildCache | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"name must be a non-empty op name, got {name!r}")
+        for what, fn in (("build", build), ("specialize", specialize)):
+            if not callable(fn):
+                raise TypeError(f"{name}: {what} must be callable, got {type(fn).__name__}")
+        if default is not None and not callable(default):
+            raise TypeError(f"{name}: default must be a callable of the spec, got {type(default).__name__}")
+        if not callable(configs) and not isinstance(configs, Sequence):
+            raise TypeError(f"{name}: configs must be a list of Config or a callable of the spec")
+        if not 0 <= tie_band < 1:
+            raise ValueError(f"{name}: tie_band must be in [0, 1), got {tie_band!r}")
+        self.name = name
+        self._build = build
+        self._specialize = specialize
+        self._configs = configs
+        self._default = default
+        self.structural = tuple(structural) if structural is not None else None
+        self.arg_names = tuple(arg_names) if arg_names is not None else _positional_names(specialize)
+        self.restore_value = tuple(restore_value)
+        self.reset_to_zero = tuple(reset_to_zero)
+        self._prune = prune_configs_by
+        self._reference = reference
+        self.key_env = tuple(key_env)
+        self.version = str(version)
+        self.warmup, self.rep, self.tie_band, self.cuda_graph = warmup, rep, tie_band, cuda_graph
+        self.emit = emit
+        self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], tuple(ordered_axes), self.version)
+        self.build_cache = build_cache if build_cache is not None else BUILD_CACHE
+        self.stats = TunerStats()
+        self.reports: dict[str, TuneReport] = {}
+        self._bound: dict[Any, Launcher] = {}
+        self._resolved: dict[str, Resolution] = {}
+        self._by_spec: dict[tuple[str, DeviceIdentity], Resolution] = {}
+
+    # -- the hot path -------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._fast_key(args, kwargs)
+        try:
+            launcher = self._bound.get(key)
+        except TypeError:  # an unhashable argument value
+            key = repr(key)
+            launcher = self._bound.get(key)
+        if launcher is None:
+            res, spec = self._resolve_call(args, kwargs)
+            launcher = self._bind(res.config, spec, args, kwargs)
+            self._bound[key] = launcher
+        return launcher.call(args, kwargs)
+
+    def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        tensor = torch.Tensor
+        key = [(a.dtype, a.shape, a.stride(), a.device) if isinstance(a, tensor) else a for a in args]
+        if kwargs:
+            for k in sorted(kwargs):
+                v = kwargs[k]
+                key.append((k, (v.dtype, v.shape, v.stride(), v.device) if isinstance(v, tensor) else v))
+        if self.key_env:
+            key.append(env_values(self.key_env))
+        return tuple(key)
+
+    # -- resolution -----------------------------------------------------------------------
+    def resolve(self, *args: Any, **kwargs: Any) -> Resolution:
+        """The config a call with these arguments gets, and its source, without launching it."""
+        return self._resolve_call(args, kwargs)[0]
+
+    def resolve_spec(self, spec: dict[str, Any], device: Any = None) -> Resolution:
+        """The config a call of ``spec`` on ``device`` (default: the CPU) gets, with no tensors and no search.
+
+        Raises LookupError when only a search could give one.
+        """
+        spec = normalize_spec(spec)
+        ident = identity_of(device)
+        hit = self._memory_by_spec(spec, ident) or self._from_disk_by_spec(spec, ident)
+        hit = hit or self._from_offline(spec, ident) or self._from_default(spec)
+        if hit is None:
+            raise LookupError(f"{self.name}: no cached, offline or default config for spec {spec}; tune it first")
+        return hit
+
+    def _resolve_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Resolution, dict[str, JSONScalar]]:
+        spec = normalize_spec(self._specialize(*args, **kwargs), f"{self.name}: specialize() result")
+        named = self._named(args, kwargs)
+        device = _device_of(named.values())
+        ident = identity_of(device)
+        pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
+        res = self._resolved.get(pkey)
+        if res is not None:
+            return attrs.evolve(res, source="memory"), spec
+        res = None
+        forced = autotune_forced()
+        if not forced:
+            res = self._from_disk(pkey, spec) or self._from_offline(spec, ident) or self._from_default(spec)
+        if res is None:
+            res = self._search(spec, args, kwargs, named, device, ident, pkey, emit=forced or self.emit)
+        self._resolved[pkey] = res
+        self._by_spec[(_spec_key(spec), ident)] = res
+        return res, spec
+
+    def _memory_by_spec(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
+        res = self._by_spec.get((_spec_key(spec), ident))
+        return attrs.evolve(res, source="memory") if res is not None else None
+
+    def _accepts(self, config: Config, spec: dict[str, JSONScalar]) -> str | None:
+        """Why ``config`` (read from a file) is not one this op takes for ``spec``, or None."""
+        known = [c.kwargs.keys() for c in self._candidates(spec)]
+        if self._default is not None:
+            known.append(self._default(spec).kwargs.keys())
+        if known and not any(set(config.kwargs) == set(k) for k in known):
+            return f"its knobs {sorted(config.kwargs)} are not this op's {sorted(set().union(*known))}"
+        return None
+
+    def _from_disk(self, pkey: str, spec: dict[str, JSONScalar]) -> Resolution | None:
+        entry = cache.load(self.name).get(pkey)
+        return self._disk_resolution(entry, spec) if entry is not None else None
+
+    def _from_disk_by_spec(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
+        want_fp = fingerprint(self.version)
+        env = dict(env_values(self.key_env))
+        for entry in cache.load(self.name).values():
+            if (entry.get("spec") == spec and entry.get("device") == ident.to_json()
+                    and entry.get("toolchain") == want_fp and entry.get("env", {}) == env):
+                res = self._disk_resolution(entry, spec)
+                if res is not None:
+                    return res
+        return None
+
+    def _disk_resolution(self, entry: dict[str, Any], spec: dict[str, JSONScalar]) -> Resolution | None:
+        path = cache.cache_file(self.name)
+        try:
+            config = Config.from_json(entry.get("config"))
+        except (TypeError, ValueError) as e:
+            warn_once(f"flyreg: {self.name}: ignoring a bad entry in {path}: {e}")
+            return None
+        why = self._accepts(config, spec)
+        if why:
+            warn_once(f"flyreg: {self.name}: ignoring cached config {config} in {path}: {why}")
+            return None
+        return Resolution(config, "cache", spec, "cache", path=str(path))
+
+    def _from_offline(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
+        hit = self.offline.lookup(spec, ident, accepts=lambda c: self._accepts(c, spec))
+        if hit is None:
+            return None
+        return Resolution(hit.config, "offline", spec, "offline", path=str(hit.path), stale=hit.stale,
+                          nearest=hit.nearest)
+
+    def _from_default(self, spec: dict[str, JSONScalar]) -> Resolution | None:
+        if self._default is None:
+            return None
+        config = self._default(spec)
+        if not isinstance(config, Config):
+            raise TypeError(f"{self.name}: default() must return a Config, got {type(config).__name__}")
+        return Resolution(config, "default", spec, "default")
+
+    def _candidates(self, spec: dict[str, JSONScalar]) -> list[Config]:
+        raw = self._configs(dict(spec)) if callable(self._configs) else self._configs
+        cands = list(raw)
+        if self._prune is not None:
+            cands = list(self._prune(cands, dict(spec)))
+        bad = [c for c in cands if not isinstance(c, Config)]
+        if bad:
+            raise TypeError(f"{self.name}: configs must be Config instances, got {type(bad[0]).__name__}")
+        return list(dict.fromkeys(cands))
+
+    # -- binding and searching --------------------------------------------------------------
+    def _named(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        names = self.arg_names
+        named = {(names[i] if i < len(names) else f"arg{i}"): a for i, a in enumerate(args)}
+        named.update(kwargs)
+        return named
+
+    def _bind(self, config: Config, spec: dict[str, JSONScalar], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Launcher:
+        launch = self.build_cache.get(self.name, config, spec, self.structural, self._build)
+        return bind_launcher(self.name, launch, config, args, kwargs, self.arg_names, self.reset_to_zero)
+
+    def tune(self, *args: Any, emit: bool = True, out_dir: str | os.PathLike[str] | None = None,
+             **kwargs: Any) -> TuneReport:
+        """Search the configs of this call now (whatever is cached), store the winner and return the report."""
+        spec = normalize_spec(self._specialize(*args, **kwargs), f"{self.name}: specialize() result")
+        named = self._named(args, kwargs)
+        device = _device_of(named.values())
+        ident = identity_of(device)
+        pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
+        res = self._search(spec, args, kwargs, named, device, ident, pkey, emit=emit, out_dir=out_dir)
+        self._resolved[pkey] = res
+        self._by_spec[(_spec_key(spec), ident)] = res
+        self._bound.clear()
+        return self.reports[pkey]
+
+    def _search(self, spec: dict[str, JSONScalar], args: tuple[Any, ...], kwargs: dict[str, Any],
+                named: dict[str, Any], device: Any, ident: DeviceIdentity, pkey: str, *, emit: bool,
+                out_dir: str | os.PathLike[str] | None = None) -> Resolution:
+        from .search import run_search
+
+        self.stats.searches += 1
+        default = self._from_default(spec)
+        report = run_search(self, spec, args, kwargs, named, device, default.config if default else None)
+        entry = {"spec": spec, "device": ident.to_json(), "toolchain": fingerprint(self.version),
+                 "env": dict(env_values(self.key_env)), "config": report.winner.to_json(),
+                 "time_ms": report.winner_ms, "default_ms": report.default_ms,
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        try:
+            cache.store(self.name, pkey, entry)
+        except OSError as e:
+            warn_once(f"flyreg: {self.name}: could not write the scratch cache: {e}")
+        artifact = None
+        if emit:
+            artifact = str(emit_artifact(self.name, spec, ident, report.winner, self.version,
+                                         report.winner_ms, report.default_ms, out_dir))
+            self.offline.forget_index()
+        self.reports[pkey] = attrs.evolve(report, artifact=artifact)
+        return Resolution(report.winner, "search", spec, "search", path=artifact)
+
+
+def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _device_of(values: Iterable[Any]) -> Any:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return None
+
+
+def _spec_key(spec: dict[str, JSONScalar]) -> str:
+    return repr(sorted(spec.items()))

@@ -1,0 +1,1 @@
+"""In-tree RMSNorm kernels for flyreg."""

@@ -1,0 +1,170 @@
+"""Triton kernels for RMSNorm and fused residual-add + RMSNorm.
+
+Knobs (constexpr):
+
+* ``BLOCK_N``: columns per tile, a power of two. ``BLOCK_N >= N`` keeps the whole row in
+  registers (one pass over memory); smaller values loop over the row in chunks twice
+  (sum of squares, then normalize), re-reading the row (x, and for fused-add also the
+  not-yet-updated residual), mostly from L2.
+* ``ROWS``: rows per program, a power of two; the tile is ``ROWS x BLOCK_N``.
+
+All math is in float32; y has x's dtype. ``fused_add_rmsnorm_triton`` stores
+``residual + x`` (rounded to residual's dtype) into ``residual`` and normalizes that
+stored, rounded value.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .checks import check_fused_add, check_rmsnorm
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    X, W, Y, M, N, stride_x, eps,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    # int64 row offsets: M * stride may exceed 2**31.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = (rows < M)[:, None]
+    x_row = X + rows[:, None] * stride_x
+    y_row = Y + rows[:, None] * N
+    cols = tl.arange(0, BLOCK_N)
+    if ONE_PASS:
+        col_mask = cols < N
+        mask = row_mask & col_mask[None, :]
+        x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(y_row + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            mask = row_mask & (c < N)[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            col_mask = c < N
+            mask = row_mask & col_mask[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(W + c, mask=col_mask, other=0.0).to(tl.float32)
+            y = x * rstd * w[None, :]
+            tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fused_add_rmsnorm_kernel(
+    X, R, W, Y, M, N, stride_x, stride_r, eps,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = (rows < M)[:, None]
+    x_row = X + rows[:, None] * stride_x
+    r_row = R + rows[:, None] * stride_r
+    y_row = Y + rows[:, None] * N
+    cols = tl.arange(0, BLOCK_N)
+    if ONE_PASS:
+        col_mask = cols < N
+        mask = row_mask & col_mask[None, :]
+        x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        h = (r + x).to(R.dtype.element_ty)
+        tl.store(r_row + cols[None, :], h, mask=mask)
+        v = h.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(v * v, axis=1) / N + eps)
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = v * rstd[:, None] * w[None, :]
+        tl.store(y_row + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        # Pass 1 only reads; pass 2 recomputes the (identically rounded) sum and stores it.
+        # So no thread ever reads a residual element that another thread wrote.
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            mask = row_mask & (c < N)[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(r_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            v = (r + x).to(R.dtype.element_ty).to(tl.float32)
+            acc += v * v
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            col_mask = c < N
+            mask = row_mask & col_mask[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(r_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            h = (r + x).to(R.dtype.element_ty)
+            tl.store(r_row + c[None, :], h, mask=mask)
+            w = tl.load(W + c, mask=col_mask, other=0.0).to(tl.float32)
+            y = h.to(tl.float32) * rstd * w[None, :]
+            tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+def _check_knobs(BLOCK_N: int, ROWS: int) -> None:
+    if BLOCK_N < 1 or BLOCK_N & (BLOCK_N - 1):
+        raise ValueError(f"BLOCK_N must be a power of two, got {BLOCK_N!r}")
+    if ROWS < 1 or ROWS & (ROWS - 1):
+        raise ValueError(f"ROWS must be a power of two, got {ROWS!r}")
+
+
+def _hints(num_warps: int | None, num_stages: int | None) -> dict[str, int]:
+    hints = {}
+    if num_warps is not None:
+        hints["num_warps"] = num_warps
+    if num_stages is not None:
+        hints["num_stages"] = num_stages
+    return hints
+
+
+def rmsnorm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    BLOCK_N: int,
+    ROWS: int,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """``x / sqrt(mean(x**2, -1) + eps) * weight`` in float32, returned in x's dtype and shape."""
+    M, N, x_stride, eps = check_rmsnorm(x, weight, eps)
+    _check_knobs(BLOCK_N, ROWS)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    _rmsnorm_kernel[((M + ROWS - 1) // ROWS,)](
+        x, weight, y, M, N, x_stride, eps,
+        BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=BLOCK_N >= N, **_hints(num_warps, num_stages),
+    )
+    return y
+
+
+def fused_add_rmsnorm_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    BLOCK_N: int,
+    ROWS: int,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """``residual += x`` in place, then return ``rmsnorm(residual, weight, eps)`` of the stored residual."""
+    M, N, x_stride, r_stride, eps = check_fused_add(x, residual, weight, eps)
+    _check_knobs(BLOCK_N, ROWS)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    _fused_add_rmsnorm_kernel[((M + ROWS - 1) // ROWS,)](
+        x, residual, weight, y, M, N, x_stride, r_stride, eps,
+        BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=BLOCK_N >= N, **_hints(num_warps, num_stages),
+    )
+    return y
