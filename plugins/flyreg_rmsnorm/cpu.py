@@ -1,0 +1,78 @@
+"""CPU (plain torch) RMSNorm and fused residual-add + RMSNorm.
+
+Knob ``ROW_BLOCK``: rows normalized per step. Each step copies a block into a float32
+work buffer and makes a few passes over it, so small blocks stay in cache but pay Python
+and dispatch overhead per step, while large blocks amortize that overhead but stream
+through memory once per pass. Semantics match the Triton backend exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import check_fused_add, check_rmsnorm
+
+
+def _check_row_block(ROW_BLOCK: int) -> None:
+    if isinstance(ROW_BLOCK, bool) or not isinstance(ROW_BLOCK, int) or ROW_BLOCK < 1:
+        raise ValueError(f"ROW_BLOCK must be a positive int, got {ROW_BLOCK!r}")
+
+
+def _normalize_rows(
+    src: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor, ROW_BLOCK: int,
+    residual: torch.Tensor | None = None,
+) -> None:
+    """Write rmsnorm of ``src`` (or of ``residual += src``) into ``y``, all (M, N) views."""
+    M, N = src.shape
+    w = weight.to(torch.float32)
+    rows = min(ROW_BLOCK, M)
+    # Work in y itself when it is float32; otherwise in a float32 buffer.
+    buf = None if y.dtype == torch.float32 else torch.empty((rows, N), dtype=torch.float32, device=y.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=y.device)
+    for start in range(0, M, rows):
+        stop = min(start + rows, M)
+        n = stop - start
+        if residual is not None:
+            res = residual[start:stop]
+            res.add_(src[start:stop])  # rounded to residual's dtype; the stored value is normalized
+            block = res
+        else:
+            block = src[start:stop]
+        out = y[start:stop]
+        work = out if buf is None else buf[:n]
+        work.copy_(block)
+        s = scale[:n]
+        torch.linalg.vector_norm(work, 2, dim=1, keepdim=True, out=s)
+        s.square_().div_(N).add_(eps).rsqrt_()
+        work.mul_(s).mul_(w)
+        if buf is not None:
+            out.copy_(work)
+
+
+@torch.no_grad()
+def rmsnorm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, ROW_BLOCK: int) -> torch.Tensor:
+    """``x / sqrt(mean(x**2, -1) + eps) * weight`` in float32, returned in x's dtype and shape."""
+    M, N, x_stride, eps = check_rmsnorm(x, weight, eps)
+    _check_row_block(ROW_BLOCK)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    _normalize_rows(x.as_strided((M, N), (x_stride, 1)), weight, eps, y.view(M, N), ROW_BLOCK)
+    return y
+
+
+@torch.no_grad()
+def fused_add_rmsnorm_cpu(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, ROW_BLOCK: int
+) -> torch.Tensor:
+    """``residual += x`` in place, then return ``rmsnorm(residual, weight, eps)`` of the stored residual."""
+    M, N, x_stride, r_stride, eps = check_fused_add(x, residual, weight, eps)
+    _check_row_block(ROW_BLOCK)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    _normalize_rows(
+        x.as_strided((M, N), (x_stride, 1)), weight, eps, y.view(M, N), ROW_BLOCK,
+        residual=residual.as_strided((M, N), (r_stride, 1)),
+    )
+    return y

@@ -1,0 +1,153 @@
+"""Config spaces and no-search defaults for the RMSNorm kernels.
+
+A spec is ``{"N": int, "dtype": "bfloat16" | "float16" | "float32", "M": row_bucket(rows)}``.
+Triton knobs: ``BLOCK_N`` and ``ROWS`` (see :mod:`.triton_kernels`), hints ``num_warps``
+and, for chunked rows only, ``num_stages``. CPU knob: ``ROW_BLOCK`` (see :mod:`.cpu`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flyreg.config import Config
+
+ROW_BUCKETS = (1, 32, 256, 4096, 32768)
+_ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+#: Largest next_pow2(N) kept whole in registers (64 fp32 per thread at 32 warps).
+MAX_WHOLE_ROW = 65536
+#: Largest ROWS x BLOCK_N tile when ROWS > 1.
+MAX_TILE = 16384
+#: Largest row count per program.
+MAX_ROWS = 64
+#: Chunk widths offered for rows of at least 4096 columns.
+CHUNKS = (1024, 2048, 4096, 8192)
+#: Cap on BLOCK_N * element bytes * num_stages, so pipelined chunks (x and residual) fit in shared memory.
+MAX_STAGE_BYTES = 64 * 1024
+#: Default whole-row limit: rows wider than this are chunked by the default.
+DEFAULT_WHOLE_ROW = 32768
+#: Programs the default keeps in flight before it groups rows (about 2 per H200 SM).
+MIN_PROGRAMS = 264
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n >= 1 else 1
+
+
+def row_bucket(M: int) -> int:
+    """The smallest bucket of (1, 32, 256, 4096, 32768) that is >= M; 32768 above 4096."""
+    for bucket in ROW_BUCKETS:
+        if M <= bucket:
+            return bucket
+    return ROW_BUCKETS[-1]
+
+
+def _spec(spec: Mapping[str, Any]) -> tuple[int, int, int]:
+    """``(N, element bytes, M bucket)`` of a spec, validated."""
+    N, dtype, M = spec.get("N"), spec.get("dtype"), spec.get("M", ROW_BUCKETS[-1])
+    if isinstance(N, bool) or not isinstance(N, int) or N < 1:
+        raise ValueError(f"spec['N'] must be a positive int, got {N!r}")
+    if dtype not in _ELEM_BYTES:
+        raise ValueError(f"spec['dtype'] must be one of {sorted(_ELEM_BYTES)}, got {dtype!r}")
+    if isinstance(M, bool) or not isinstance(M, int) or M < 0:
+        raise ValueError(f"spec['M'] must be a non-negative int (a row bucket), got {M!r}")
+    return N, _ELEM_BYTES[dtype], max(M, 1)
+
+
+def warps_for(tile: int) -> int:
+    """num_warps for a ROWS x BLOCK_N tile of ``tile`` elements (16-32 elements per thread).
+
+    Matches the H200 measurements of a one-row kernel: 2 warps at 1024 columns, 8 at
+    4096 and 8192, 16 at 16384.
+    """
+    if tile <= 8192:
+        return max(1, min(8, tile // 512))
+    return 16 if tile <= 32768 else 32
+
+
+def _warp_choices(tile: int) -> list[int]:
+    """The default warps for ``tile`` and its neighbours, keeping >= 1 element per thread."""
+    w = warps_for(tile)
+    return [c for c in (w // 2, w, w * 2) if 1 <= c <= 32 and (c * 32 <= tile or c == 1)]
+
+
+def _rows_choices(P: int, M: int) -> list[int]:
+    rows = [1]
+    r = 2
+    while r <= min(MAX_ROWS, M) and r * P <= MAX_TILE:
+        rows.append(r)
+        r *= 2
+    return rows
+
+
+def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Candidate Triton configs for ``spec``: whole-row tiles and, for N > 2048, chunked rows."""
+    N, elem, M = _spec(spec)
+    P = _next_pow2(N)
+    out: list[Config] = []
+    if P <= MAX_WHOLE_ROW:
+        for rows in _rows_choices(P, M):
+            for w in _warp_choices(rows * P):
+                out.append(Config({"BLOCK_N": P, "ROWS": rows}, num_warps=w))
+    for chunk in CHUNKS:
+        if not (4096 <= P and chunk < P and chunk * 32 >= P):  # 2..32 chunks per row
+            continue
+        for w in _warp_choices(chunk):
+            for stages in (1, 3):
+                if stages == 1 or chunk * elem * stages <= MAX_STAGE_BYTES:
+                    out.append(Config({"BLOCK_N": chunk, "ROWS": 1}, num_warps=w, num_stages=stages))
+    return out
+
+
+def triton_default(spec: Mapping[str, Any]) -> Config:
+    """Heuristic Triton config (a member of :func:`triton_configs`).
+
+    Whole row in registers up to N = 32768, else 8192-column chunks with 3 stages
+    (1 for float32). Rows per program: 1 unless N <= 512 and there are more than
+    ``MIN_PROGRAMS`` rows; then enough rows for a ~2048-element tile, but never fewer than
+    ``MIN_PROGRAMS`` programs. num_warps from :func:`warps_for` of the tile size.
+    """
+    N, elem, M = _spec(spec)
+    P = _next_pow2(N)
+    if P > DEFAULT_WHOLE_ROW:
+        chunk = CHUNKS[-1]
+        stages = 3 if chunk * elem * 3 <= MAX_STAGE_BYTES else 1
+        return Config({"BLOCK_N": chunk, "ROWS": 1}, num_warps=warps_for(chunk), num_stages=stages)
+    rows = 1
+    if P <= 512 and M > MIN_PROGRAMS:
+        rows = min(2048 // P, _floor_pow2(M // MIN_PROGRAMS), MAX_ROWS, _floor_pow2(MAX_TILE // P))
+    return Config({"BLOCK_N": P, "ROWS": rows}, num_warps=warps_for(rows * P))
+
+
+#: Bytes of float32 work buffer the CPU space spans (ROW_BLOCK x N x 4).
+_CPU_MIN_BYTES = 16 * 1024
+_CPU_MAX_BYTES = 16 * 1024 * 1024
+#: Default CPU work buffer, about a core's L2.
+_CPU_DEFAULT_BYTES = 512 * 1024
+
+
+def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Candidate CPU configs: powers of four for ROW_BLOCK, from one row to a 16 MiB buffer."""
+    N, _, M = _spec(spec)
+    out = []
+    rb = 1
+    while rb <= M and (rb == 1 or rb * N * 4 <= _CPU_MAX_BYTES):
+        if rb == 1 or rb * N * 4 >= _CPU_MIN_BYTES or rb * 4 > M:
+            out.append(Config({"ROW_BLOCK": rb}))
+        rb *= 4
+    default = cpu_default(spec)
+    if default not in out:
+        out.append(default)
+    return out
+
+
+def cpu_default(spec: Mapping[str, Any]) -> Config:
+    """Heuristic CPU config: the largest power of two ROW_BLOCK whose buffer fits ~512 KiB, at most M."""
+    N, _, M = _spec(spec)
+    rb = _floor_pow2(max(1, _CPU_DEFAULT_BYTES // (N * 4)))
+    return Config({"ROW_BLOCK": min(rb, _floor_pow2(M))})
