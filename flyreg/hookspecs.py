@@ -1,12 +1,15 @@
 """The hooks an op plugin implements. One plugin object is one op.
 
 Implement them as plain functions (or methods) marked with :data:`flyreg.hookimpl`, in a
-module named by an entry point of the group ``flyreg.ops``::
+module (or an instance) named by an entry point of the group ``flyreg.ops``::
 
     [project.entry-points."flyreg.ops"]
     scale = "my_kernels.scale"
 
-An implementation may take a subset of a hook's arguments, as pluggy allows.
+An implementation may take a subset of a hook's arguments, as pluggy allows, but no argument
+the spec lacks. Every hook is ``firstresult``: it returns one value. Hooks run when a call key
+is first seen (or when tuning); the steady-state call of an op runs none of them.
+See ``docs/plugin_authoring.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ OPTIONAL_HOOKS = ("workloads", "make_inputs", "reference", "describe")
 def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, JSONScalar]:
     """Return the spec axes of a call: every value the best config depends on, as JSON scalars.
 
+    Called with the call's positional ``args`` and keyword ``kwargs`` on the first call of
+    each new argument signature (dtypes, shapes, strides, devices, scalar values).
+
     Example::
 
         @hookimpl
@@ -45,15 +51,21 @@ def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, JSONS
 def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
     """Return the launch callable for ``config`` on ``spec``.
 
-    It is called once per (structural knobs, spec); the launch callable receives the call's
-    arguments plus each compiler hint of the config whose name it takes as a keyword.
+    Called once per (op, structural knobs, spec) in the process: the build cache shared by
+    every tuner keeps the result. The launch callable receives the call's arguments plus each
+    compiler hint of the config whose name it takes as a keyword.
 
     Example::
 
         @hookimpl
         def build(config, spec):
             chunk = config.kwargs["CHUNK"]
-            return lambda x, out: torch.mul(x, 2, out=out) if chunk else None
+
+            def launch(x, out):
+                for i in range(0, x.shape[0], chunk):
+                    torch.mul(x[i:i + chunk], 2, out=out[i:i + chunk])
+
+            return launch
     """
 
 
@@ -61,11 +73,14 @@ def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
 def configs(spec: dict[str, JSONScalar]) -> list[Config]:
     """Return the candidate configs searched for ``spec``.
 
+    Called when a spec is searched, and to check that a config read from a cache or an
+    artifact has this op's knobs.
+
     Example::
 
         @hookimpl
         def configs(spec):
-            return [Config({"CHUNK": c}) for c in (64, 256, 1024) if c <= spec["N"]]
+            return [Config({"CHUNK": c}) for c in (1, 16, 256)]
     """
 
 
@@ -73,22 +88,26 @@ def configs(spec: dict[str, JSONScalar]) -> list[Config]:
 def default(spec: dict[str, JSONScalar]) -> Config:
     """Return the heuristic config used with no search and no artifact.
 
+    Called when a new spec has no cached or offline config (and it is always timed in a search).
+
     Example::
 
         @hookimpl
         def default(spec):
-            return Config({"CHUNK": 256})
+            return Config({"CHUNK": 16})
     """
 
 
 @hookspec(firstresult=True)
-def workloads() -> list[dict[str, JSONScalar]]:
-    """Return the specs that ``flyreg tune`` tunes when none are given.
+def workloads(device: str) -> list[dict[str, JSONScalar]]:
+    """Return the specs that ``flyreg tune`` tunes on ``device`` (``"cpu"``, ``"cuda"``, ...) when none are given.
+
+    Called by tuning tools only, never on a call. An implementation may leave ``device`` out.
 
     Example::
 
         @hookimpl
-        def workloads():
+        def workloads(device):
             return [{"N": n, "dtype": "float32"} for n in (1024, 4096)]
     """
 
@@ -96,6 +115,8 @@ def workloads() -> list[dict[str, JSONScalar]]:
 @hookspec(firstresult=True)
 def make_inputs(spec: dict[str, JSONScalar], device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Return ``(args, kwargs)`` of a call whose spec is ``spec``, on ``device``, for benchmarking.
+
+    Called by tuning tools that tune a spec with no real call at hand (``workloads()``).
 
     Example::
 
@@ -110,11 +131,14 @@ def make_inputs(spec: dict[str, JSONScalar], device: str) -> tuple[tuple[Any, ..
 def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Return what a correct call returns, computed plainly; used to gate wrong configs.
 
-    It must not modify its inputs. Example::
+    Called once per search, before the candidates run; each candidate's result must match
+    it. It must not modify its inputs.
+
+    Example::
 
         @hookimpl
         def reference(args, kwargs):
-            return args[0].double() * 2
+            return args[0] * 2
     """
 
 
@@ -122,15 +146,19 @@ def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def describe() -> Mapping[str, Any]:
     """Return facts about the op. Every key is optional:
 
-    ``description`` (one line), ``version`` (bump it to invalidate caches), ``structural``
-    (knob names that change the built code; default: all knobs), ``restore_value`` and
-    ``reset_to_zero`` (argument names), ``ordered_axes`` (spec axes for nearest lookup),
-    ``config_dir`` (a directory of shipped artifacts), ``key_env`` (environment variables
-    whose values invalidate cached configs).
+    ``description`` (one line), ``version`` (bump it to invalidate caches and artifacts),
+    ``structural`` (knob names that change the built code; default: all knobs),
+    ``restore_value`` and ``reset_to_zero`` (argument names of tensors the kernel updates in
+    place), ``ordered_axes`` (spec axes for nearest lookup), ``config_dir`` (a directory of
+    shipped artifacts), ``key_env`` (environment variables whose values invalidate cached
+    configs), ``arg_names`` (names of the positional arguments). Any other key is an error.
+
+    Called once, when the op is loaded.
 
     Example::
 
         @hookimpl
         def describe():
-            return {"description": "y = 2 x", "structural": ["CHUNK"], "ordered_axes": ["N"]}
+            return {"description": "y = 2 x", "structural": ["CHUNK"], "ordered_axes": ["N"],
+                    "arg_names": ["x", "out"]}
     """

@@ -1,4 +1,9 @@
-"""Entry-point discovery of op plugins, their tuners, and runtime resolution by op name."""
+"""Entry-point discovery of op plugins, their tuners, and runtime resolution by op name.
+
+Discovery reads the entry points of the group ``flyreg.ops`` once per process, on first use;
+each entry point is one op, loaded (imported and checked) on first use of that op. A broken
+plugin is recorded with its error and never affects other ops.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,19 @@ import difflib
 import importlib.metadata
 import os
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .config import JSONScalar
 from .plugin import OpPlugin, PluginError
 
+if TYPE_CHECKING:
+    from .tuner import Autotuner, Resolution
+
 GROUP = "flyreg.ops"
+IN_PROCESS = "<in-process>"
 
 
 class UnknownOpError(LookupError):
@@ -42,10 +52,10 @@ class _Entry:
     name: str
     distribution: str
     version: str
-    load: Any  # () -> plugin object
+    load: Callable[[], object]
     plugin: OpPlugin | None = None
     error: str | None = None
-    tuner: Any = None
+    tuner: Autotuner | None = None
     loaded: bool = False
 
 
@@ -54,27 +64,45 @@ def disabled_ops() -> set[str]:
     return {n.strip() for n in os.environ.get("FLYREG_DISABLE_OPS", "").split(",") if n.strip()}
 
 
-class Registry:
-    """Every known op: entry points (read once, lazily) plus in-process registrations."""
+def _group_entry_points() -> Iterable[Any]:
+    # Looked up at call time so tests can monkeypatch importlib.metadata.entry_points.
+    return importlib.metadata.entry_points(group=GROUP)
 
-    def __init__(self) -> None:
+
+class Registry:
+    """Every known op: entry points (read once, lazily) plus in-process registrations.
+
+    ``entry_points`` returns the entry points to discover (objects with ``name``, ``load()``
+    and ``dist``); the default reads the group ``flyreg.ops`` of the installed distributions.
+    """
+
+    def __init__(self, entry_points: Callable[[], Iterable[Any]] | None = None) -> None:
+        self._source = entry_points if entry_points is not None else _group_entry_points
         self._entries: dict[str, _Entry] | None = None
         self._lock = threading.RLock()
 
     def _discover(self) -> dict[str, _Entry]:
         with self._lock:
             if self._entries is None:
-                entries: dict[str, _Entry] = {}
-                for ep in importlib.metadata.entry_points(group=GROUP):
+                by_name: dict[str, list[_Entry]] = {}
+                for ep in self._source():
                     dist = getattr(ep, "dist", None)
-                    entry = _Entry(ep.name, dist.name if dist else "?", dist.version if dist else "?", ep.load)
-                    other = entries.get(ep.name)
-                    if other is not None and other.distribution != entry.distribution:
-                        other.error = (f"op {ep.name!r} is registered by two distributions: "
-                                       f"{other.distribution} and {entry.distribution}")
-                        other.loaded = True
-                        continue
-                    entries[ep.name] = entry
+                    entry = _Entry(ep.name, getattr(dist, "name", None) or "?",
+                                   getattr(dist, "version", None) or "?", ep.load)
+                    same = by_name.setdefault(ep.name, [])
+                    if all(e.distribution != entry.distribution for e in same):
+                        same.append(entry)  # the same distribution seen twice on sys.path counts once
+                entries: dict[str, _Entry] = {}
+                for name, found in by_name.items():
+                    entry = found[0]
+                    if len(found) > 1:
+                        dists = [e.distribution for e in found]
+                        entry.distribution = ", ".join(dists)
+                        entry.version = ", ".join(e.version for e in found)
+                        entry.error = (f"op {name!r} is registered by {len(dists)} distributions: "
+                                       f"{' and '.join(dists)}; uninstall all but one")
+                        entry.loaded = True
+                    entries[name] = entry
                 self._entries = entries
             return self._entries
 
@@ -86,34 +114,48 @@ class Registry:
             try:
                 entry.plugin = OpPlugin(entry.name, entry.load())
             except Exception as e:  # any failure isolates this op only
-                entry.error = f"{type(e).__name__}: {e}"
+                entry.error = str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
 
-    def register(self, obj: object, name: str, *, distribution: str = "<in-process>", version: str = "0") -> None:
-        """Register ``obj`` as op ``name`` in this process (for notebooks and tests)."""
-        if not isinstance(name, str) or not name:
+    def register(self, obj: object, name: str, *, distribution: str = IN_PROCESS, version: str = "0") -> None:
+        """Register ``obj`` (a module or instance implementing the hooks) as op ``name`` in this process.
+
+        Raises :class:`PluginError` at once if the plugin is broken, ValueError if the name is taken.
+        """
+        if not isinstance(name, str) or not name.strip():
             raise ValueError(f"name must be a non-empty op name, got {name!r}")
         entries = self._discover()
         with self._lock:
             if name in entries:
-                raise ValueError(f"op {name!r} is already registered by {entries[name].distribution}")
+                raise ValueError(f"op {name!r} is already registered by {entries[name].distribution}; "
+                                 f"unregister it first")
             entry = _Entry(name, distribution, version, lambda: obj)
             self._load(entry)
-            if entry.error:
-                raise PluginError(f"op {name!r}: {entry.error}")
+            if entry.plugin is None:
+                raise PluginError(entry.error or f"op {name!r} is broken")
+            _forget_builds(name)  # a previous op of this name may have left launch callables
             entries[name] = entry
 
     def unregister(self, name: str) -> None:
-        """Remove an op registered with :meth:`register` (and its tuner)."""
+        """Remove op ``name`` from this process (with its tuner and built launch callables).
+
+        An op discovered from an entry point stays removed until the process restarts.
+        """
         entries = self._discover()
         with self._lock:
-            entry = entries.get(name)
-            if entry is None:
+            if name not in entries:
                 raise self._unknown(name)
             del entries[name]
+            _forget_builds(name)
+
+    def names(self) -> list[str]:
+        """Every registered op name, whatever its status."""
+        return sorted(self._discover())
 
     def _unknown(self, name: str) -> UnknownOpError:
-        known = sorted(self._discover())
+        known = self.names()
         close = difflib.get_close_matches(name, known, n=1)
+        if not close:
+            close = [k for k in known if k.lower() == str(name).lower()]
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return UnknownOpError(f"unknown op {name!r}{hint} (known ops: {', '.join(known) or 'none'})")
 
@@ -129,7 +171,7 @@ class Registry:
             raise OpUnavailableError(f"op {name!r} ({entry.distribution}) is broken: {entry.error}")
         return entry.plugin
 
-    def tuner(self, name: str) -> Any:
+    def tuner(self, name: str) -> Autotuner:
         """The op's tuner, assembled from its hooks on first use."""
         plugin = self.plugin(name)
         entry = self._discover()[name]
@@ -140,6 +182,7 @@ class Registry:
         return entry.tuner
 
     def infos(self) -> list[OpInfo]:
+        """Every registered op with its status; loads each op not disabled."""
         out = []
         disabled = disabled_ops()
         for name, entry in sorted(self._discover().items()):
@@ -155,8 +198,14 @@ class Registry:
         return out
 
 
-def build_tuner(plugin: OpPlugin) -> Any:
-    """Assemble the autotuner of one op from its registered hooks."""
+def _forget_builds(name: str) -> None:
+    from .builder import BUILD_CACHE
+
+    BUILD_CACHE.clear(name)
+
+
+def build_tuner(plugin: OpPlugin) -> Autotuner:
+    """Assemble the autotuner of one op from its registered hooks (it uses the shared build cache)."""
     from .builder import autotune_builder
 
     d = plugin.description
@@ -164,33 +213,35 @@ def build_tuner(plugin: OpPlugin) -> Any:
     def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
         return plugin.specialize(args, kwargs)
 
-    return autotune_builder(
+    tuner: Autotuner = autotune_builder(
         plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=d.structural,
         arg_names=d.arg_names or (), restore_value=d.restore_value, reset_to_zero=d.reset_to_zero,
         reference=plugin.reference if plugin.implements("reference") else None, key_env=d.key_env,
         version=d.version, config_dirs=[d.config_dir] if d.config_dir else [], ordered_axes=d.ordered_axes,
     )
+    return tuner
 
 
 REGISTRY = Registry()
 
 
-def op(name: str) -> Any:
+def op(name: str) -> Autotuner:
     """The callable of op ``name``: specializes the call, resolves its config and launches.
 
-    Example::
+    Keep the returned tuner: its steady-state call skips every hook. Example::
 
-        y = flyreg.op("rmsnorm")(x, weight)
+        rmsnorm = flyreg.op("rmsnorm")
+        y = rmsnorm(x, weight)
     """
     return REGISTRY.tuner(name)
 
 
-def resolve(name: str, *args: Any, **kwargs: Any) -> Any:
+def resolve(name: str, *args: Any, **kwargs: Any) -> Resolution:
     """The config (and its source) a call of op ``name`` with these arguments gets, without launching."""
     return REGISTRY.tuner(name).resolve(*args, **kwargs)
 
 
-def resolve_spec(name: str, spec: dict[str, Any], device: Any = None) -> Any:
+def resolve_spec(name: str, spec: dict[str, Any], device: Any = None) -> Resolution:
     """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search."""
     return REGISTRY.tuner(name).resolve_spec(spec, device)
 
@@ -200,11 +251,11 @@ def ops() -> list[OpInfo]:
     return REGISTRY.infos()
 
 
-def register(obj: object, name: str) -> None:
+def register(obj: object, name: str, *, distribution: str = IN_PROCESS, version: str = "0") -> None:
     """Register ``obj`` (a module or instance implementing the hooks) as op ``name`` in this process."""
-    REGISTRY.register(obj, name)
+    REGISTRY.register(obj, name, distribution=distribution, version=version)
 
 
 def unregister(name: str) -> None:
-    """Remove op ``name`` registered with :func:`register`."""
+    """Remove op ``name`` from this process's registry."""
     REGISTRY.unregister(name)

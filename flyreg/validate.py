@@ -1,4 +1,4 @@
-"""Checking a directory of committed artifacts, for users' own CI."""
+"""Checking a directory of committed artifacts, for users' own CI (``flyreg check``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from pathlib import Path
 
 import attrs
 
-from .keys import fingerprint, sanitize
-from .offline import ArtifactError, artifact_filename, load_artifact
+from .keys import fingerprint, toolchain
+from .offline import ArtifactError, load_artifact, name_part, parse_filename
+
+#: ``error``: lookup will not serve the file as intended; ``stale``: tuned with another toolchain.
+SEVERITIES = ("error", "stale")
 
 
 @attrs.frozen
@@ -30,35 +33,48 @@ def check_artifacts(
 ) -> list[Problem]:
     """Check every ``*.json`` in ``dirs``: schema, filename against content, known op, device, staleness.
 
-    ``known_ops`` maps op name -> op version; when given, unknown ops are errors and artifacts
-    from another toolchain are reported ``stale``.
+    ``known_ops`` maps op name -> op version; when given, unknown ops are errors and an artifact
+    whose toolchain fingerprint differs from the op's current one is ``stale``. Without it, only
+    the shared part of the toolchain (flyreg, torch, Triton, CUDA/HIP) is compared. Never raises
+    for a bad file or directory.
     """
     problems: list[Problem] = []
     for d in dirs:
         directory = Path(d)
-        if not directory.is_dir():
-            problems.append(Problem(directory, "error", "not a directory"))
+        try:
+            paths = sorted(p for p in directory.iterdir() if p.name.endswith(".json"))
+        except OSError as e:
+            problems.append(Problem(directory, "error", f"not a readable directory: {e}"))
             continue
-        for path in sorted(directory.glob("*.json")):
+        for path in paths:
             problems.extend(_check_one(path, known_ops))
     return problems
 
 
 def _check_one(path: Path, known_ops: Mapping[str, str] | None) -> list[Problem]:
+    if parse_filename(path.name) is None:
+        hint = "hidden files are" if path.name.startswith(".") else "the name is"
+        return [Problem(path, "error", f"lookup never reads it: {hint} not op,<axis>=<value>,...,device_name=<name>.json")]
     try:
         art = load_artifact(path)
     except ArtifactError as e:
         return [Problem(path, "error", str(e))]
     found = []
-    if sanitize(art.device.name) != art.device.name:
-        found.append(Problem(path, "error", f"device name {art.device.name!r} is not sanitized"))
-    expected = artifact_filename(art.op, art.spec, art.device.name)
-    if path.name != expected:
-        found.append(Problem(path, "error", f"filename does not match its content (expected {expected})"))
-    if known_ops is not None:
-        if art.op not in known_ops:
-            found.append(Problem(path, "error", f"unknown op {art.op!r}"))
-        elif art.provenance.get("toolchain") != fingerprint(known_ops[art.op]):
-            found.append(Problem(path, "stale", f"tuned with {art.provenance.get('toolchain')}, "
-                                                 f"current is {fingerprint(known_ops[art.op])}"))
+    if name_part(art.device.name) != art.device.name:
+        found.append(Problem(path, "error", f"device name {art.device.name!r} is not sanitized "
+                                            f"(runtime names are ASCII letters, digits and ._-)"))
+    if path.name != art.filename:
+        found.append(Problem(path, "error", f"filename does not match its content (expected {art.filename})"))
+    current = fingerprint(known_ops[art.op]) if known_ops is not None and art.op in known_ops else None
+    if known_ops is not None and current is None:
+        found.append(Problem(path, "error", f"unknown op {art.op!r} (known: {', '.join(sorted(known_ops)) or 'none'})"))
+    have = art.provenance.get("toolchain")
+    if current is None:
+        current = dict(toolchain())
+        have = {k: v for k, v in have.items() if k != "op"} if isinstance(have, dict) else have
+    if have != current:
+        changed = sorted(k for k in set(have) | set(current) if have.get(k) != current.get(k))
+        found.append(Problem(path, "stale", f"tuned with another toolchain ({', '.join(changed)} differ: "
+                                             f"{ {k: have.get(k) for k in changed} } vs current "
+                                             f"{ {k: current.get(k) for k in changed} }); re-tune it"))
     return found

@@ -15,18 +15,21 @@ from flyreg.config import Config
 ROW_BUCKETS = (1, 32, 256, 4096, 32768)
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
-#: Largest next_pow2(N) kept whole in registers (64 fp32 per thread at 32 warps).
-MAX_WHOLE_ROW = 65536
+#: Largest next_pow2(N) kept whole in registers (32 fp32 per thread at 32 warps).
+MAX_WHOLE_ROW = 32768
 #: Largest ROWS x BLOCK_N tile when ROWS > 1.
 MAX_TILE = 16384
 #: Largest row count per program.
 MAX_ROWS = 64
 #: Chunk widths offered for rows of at least 4096 columns.
 CHUNKS = (1024, 2048, 4096, 8192)
+#: Chunk width (and its warps/stages) the default uses above DEFAULT_WHOLE_ROW.
+DEFAULT_CHUNK = 4096
+DEFAULT_CHUNK_STAGES = 3
 #: Cap on BLOCK_N * element bytes * num_stages, so pipelined chunks (x and residual) fit in shared memory.
 MAX_STAGE_BYTES = 64 * 1024
-#: Default whole-row limit: rows wider than this are chunked by the default.
-DEFAULT_WHOLE_ROW = 32768
+#: Default whole-row limit (the widest measured row): wider rows are chunked by the default.
+DEFAULT_WHOLE_ROW = 16384
 #: Programs the default keeps in flight before it groups rows (about 2 per H200 SM).
 MIN_PROGRAMS = 264
 
@@ -63,11 +66,11 @@ def warps_for(tile: int) -> int:
     """num_warps for a ROWS x BLOCK_N tile of ``tile`` elements (16-32 elements per thread).
 
     Matches the H200 measurements of a one-row kernel: 2 warps at 1024 columns, 8 at
-    4096 and 8192, 16 at 16384.
+    4096 and 8192, 16 at 16384; 32 above that keeps 32 elements per thread.
     """
     if tile <= 8192:
         return max(1, min(8, tile // 512))
-    return 16 if tile <= 32768 else 32
+    return 16 if tile <= 16384 else 32
 
 
 def _warp_choices(tile: int) -> list[int]:
@@ -95,8 +98,8 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
             for w in _warp_choices(rows * P):
                 out.append(Config({"BLOCK_N": P, "ROWS": rows}, num_warps=w))
     for chunk in CHUNKS:
-        if not (4096 <= P and chunk < P and chunk * 32 >= P):  # 2..32 chunks per row
-            continue
+        if P < 4096 or chunk >= P or (chunk * 32 < P and chunk < DEFAULT_CHUNK):
+            continue  # at least 2 chunks; narrow chunks only while <= 32 of them cover the row
         for w in _warp_choices(chunk):
             for stages in (1, 3):
                 if stages == 1 or chunk * elem * stages <= MAX_STAGE_BYTES:
@@ -107,17 +110,16 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 def triton_default(spec: Mapping[str, Any]) -> Config:
     """Heuristic Triton config (a member of :func:`triton_configs`).
 
-    Whole row in registers up to N = 32768, else 8192-column chunks with 3 stages
-    (1 for float32). Rows per program: 1 unless N <= 512 and there are more than
+    Whole row in registers up to N = 16384, else 4096-column chunks with 3 stages. Rows per program: 1 unless N <= 512 and there are more than
     ``MIN_PROGRAMS`` rows; then enough rows for a ~2048-element tile, but never fewer than
     ``MIN_PROGRAMS`` programs. num_warps from :func:`warps_for` of the tile size.
     """
     N, elem, M = _spec(spec)
     P = _next_pow2(N)
     if P > DEFAULT_WHOLE_ROW:
-        chunk = CHUNKS[-1]
-        stages = 3 if chunk * elem * 3 <= MAX_STAGE_BYTES else 1
-        return Config({"BLOCK_N": chunk, "ROWS": 1}, num_warps=warps_for(chunk), num_stages=stages)
+        return Config(
+            {"BLOCK_N": DEFAULT_CHUNK, "ROWS": 1}, num_warps=warps_for(DEFAULT_CHUNK), num_stages=DEFAULT_CHUNK_STAGES
+        )
     rows = 1
     if P <= 512 and M > MIN_PROGRAMS:
         rows = min(2048 // P, _floor_pow2(M // MIN_PROGRAMS), MAX_ROWS, _floor_pow2(MAX_TILE // P))
@@ -143,7 +145,7 @@ def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
     default = cpu_default(spec)
     if default not in out:
         out.append(default)
-    return out
+    return sorted(out, key=lambda c: c.kwargs["ROW_BLOCK"])
 
 
 def cpu_default(spec: Mapping[str, Any]) -> Config:

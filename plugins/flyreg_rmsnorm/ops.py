@@ -1,0 +1,142 @@
+"""The two RMSNorm op plugins: ``rmsnorm`` and ``fused_add_rmsnorm``.
+
+Registered through entry points in flyreg's own pyproject, exactly as a third party would.
+On a CUDA tensor the Triton kernels run; on the CPU the torch implementation with its own knob.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from flyreg import Config, hookimpl
+
+from . import space
+from .checks import check_fused_add, check_rmsnorm
+
+#: Row counts (bucket values), widths and dtypes tuned by default on a GPU.
+GPU_N = (128, 512, 1024, 1536, 2048, 2880, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
+GPU_DTYPES = ("bfloat16", "float16", "float32")
+#: A small grid, so ``flyreg tune`` runs end to end on a CPU in well under two minutes.
+CPU_N = (1024, 4096)
+CPU_M = (32, 256)
+CPU_DTYPES = ("float32", "bfloat16")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class RMSNormOp:
+    """Hooks of one RMSNorm op; ``fused`` selects ``fused_add_rmsnorm``."""
+
+    def __init__(self, fused: bool) -> None:
+        self.fused = fused
+        self.name = "fused_add_rmsnorm" if fused else "rmsnorm"
+        self.arg_names = ("x", "residual", "weight", "eps") if fused else ("x", "weight", "eps")
+        self._signature = inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.arg_names[:-1]]
+            + [inspect.Parameter("eps", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=1e-6)]
+        )
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.name}{self._signature}: {e}") from None
+        bound.apply_defaults()
+        return bound.arguments
+
+    @hookimpl
+    def specialize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        a = self._bind(args, kwargs)
+        if self.fused:
+            facts = check_fused_add(a["x"], a["residual"], a["weight"], a["eps"])
+        else:
+            facts = check_rmsnorm(a["x"], a["weight"], a["eps"])
+        x = a["x"]
+        return {"N": facts.N, "dtype": _dtype_name(x), "M": space.row_bucket(facts.M),
+                "backend": "triton" if x.device.type == "cuda" else "cpu"}
+
+    @hookimpl
+    def build(self, config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
+        knobs = config.kwargs
+        if spec["backend"] == "triton":
+            from . import triton_kernels as tk
+
+            kernel = tk.fused_add_rmsnorm_triton if self.fused else tk.rmsnorm_triton
+            block_n, rows = knobs["BLOCK_N"], knobs["ROWS"]
+
+            def launch(*args: Any, eps: float = 1e-6, num_warps: int | None = None,
+                       num_stages: int | None = None) -> torch.Tensor:
+                return kernel(*args, eps, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, num_stages=num_stages)
+
+            return launch
+        from . import cpu
+
+        cpu_kernel = cpu.fused_add_rmsnorm_cpu if self.fused else cpu.rmsnorm_cpu
+        row_block = knobs["ROW_BLOCK"]
+
+        def launch_cpu(*args: Any, eps: float = 1e-6) -> torch.Tensor:
+            return cpu_kernel(*args, eps, ROW_BLOCK=row_block)
+
+        return launch_cpu
+
+    @hookimpl
+    def configs(self, spec: dict[str, Any]) -> list[Config]:
+        return space.triton_configs(spec) if spec["backend"] == "triton" else space.cpu_configs(spec)
+
+    @hookimpl
+    def default(self, spec: dict[str, Any]) -> Config:
+        return space.triton_default(spec) if spec["backend"] == "triton" else space.cpu_default(spec)
+
+    @hookimpl
+    def workloads(self, device: str) -> list[dict[str, Any]]:
+        if device.startswith("cuda"):
+            grid = [(m, n, d) for d in GPU_DTYPES for n in GPU_N for m in space.ROW_BUCKETS]
+            backend = "triton"
+        else:
+            grid = [(m, n, d) for d in CPU_DTYPES for n in CPU_N for m in CPU_M]
+            backend = "cpu"
+        return [{"M": m, "N": n, "backend": backend, "dtype": d} for m, n, d in grid]
+
+    @hookimpl
+    def make_inputs(self, spec: dict[str, Any], device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        dtype = getattr(torch, str(spec["dtype"]))
+        shape = (int(spec.get("M", 1)), int(spec["N"]))
+        x = torch.randn(shape, dtype=dtype, device=device)
+        weight = torch.rand(shape[1], dtype=dtype, device=device) + 0.5
+        if self.fused:
+            return (x, torch.randn(shape, dtype=dtype, device=device), weight), {"eps": 1e-6}
+        return (x, weight), {"eps": 1e-6}
+
+    @hookimpl
+    def reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        a = self._bind(args, kwargs)
+        x = a["x"]
+        if self.fused:
+            r = a["residual"]
+            src = (r.double() + x.double()).to(r.dtype).double()
+        else:
+            src = x.double()
+        norm = torch.rsqrt(src.square().mean(dim=-1, keepdim=True) + a["eps"])
+        return src * norm * a["weight"].double()
+
+    @hookimpl
+    def describe(self) -> dict[str, Any]:
+        what = "residual += x in place, then RMSNorm of it" if self.fused else "y = x / rms(x) * weight"
+        return {
+            "description": what,
+            "version": "1",
+            "structural": ["BLOCK_N", "ROWS", "ROW_BLOCK"],
+            "restore_value": ["residual"] if self.fused else [],
+            "ordered_axes": ["M"],
+            "arg_names": list(self.arg_names),
+        }
+
+
+rmsnorm = RMSNormOp(fused=False)
+fused_add_rmsnorm = RMSNormOp(fused=True)

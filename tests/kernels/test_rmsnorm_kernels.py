@@ -1,0 +1,478 @@
+"""Correctness of the RMSNorm kernels (Triton and CPU) against a float64 reference.
+
+Without a GPU the Triton kernels run under ``TRITON_INTERPRET=1`` (set in conftest.py) on
+CPU tensors, with tiny shapes; with a GPU they run on CUDA. Tests marked ``gpu`` run only
+with CUDA, on realistic shapes and every config of the space.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flyreg.config import Config
+from flyreg_rmsnorm import cpu, space
+
+try:
+    from flyreg_rmsnorm import triton_kernels
+except ImportError:  # triton not installed
+    triton_kernels = None
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available()
+TRITON_OK = triton_kernels is not None and (INTERPRET or HAS_CUDA)
+needs_triton = pytest.mark.skipif(not TRITON_OK, reason="triton not importable, or no GPU and no interpreter")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of both ops, with its config space."""
+
+    name: str
+    device: str
+    rmsnorm: Callable[..., torch.Tensor]
+    fused: Callable[..., torch.Tensor]
+    configs: Callable[[dict[str, Any]], list[Config]]
+    default: Callable[[dict[str, Any]], Config]
+
+    def call(self, fn: Callable[..., torch.Tensor], config: Config, *args: Any) -> torch.Tensor:
+        return fn(*args, **config.kwargs, **config.hints)
+
+
+def _cpu_backend() -> Backend:
+    return Backend("cpu", "cpu", cpu.rmsnorm_cpu, cpu.fused_add_rmsnorm_cpu, space.cpu_configs, space.cpu_default)
+
+
+def _triton_backend() -> Backend:
+    assert triton_kernels is not None
+    return Backend(
+        "triton",
+        "cpu" if INTERPRET else "cuda",
+        triton_kernels.rmsnorm_triton,
+        triton_kernels.fused_add_rmsnorm_triton,
+        space.triton_configs,
+        space.triton_default,
+    )
+
+
+@pytest.fixture(params=[pytest.param("cpu"), pytest.param("triton", marks=needs_triton)])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return _cpu_backend() if request.param == "cpu" else _triton_backend()
+
+
+@pytest.fixture
+def poison(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every floating torch.empty come back filled with NaN, so unwritten outputs show."""
+    real_empty = torch.empty
+
+    def empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t = real_empty(*args, **kwargs)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int, device: str = "cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype=dtype, device=device)
+
+
+def spec_of(x: torch.Tensor) -> dict[str, Any]:
+    M = x.numel() // x.shape[-1]
+    return {"N": x.shape[-1], "dtype": str(x.dtype).removeprefix("torch."), "M": space.row_bucket(M)}
+
+
+def ref_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.detach().cpu().double()
+    return x64 / torch.sqrt(x64.square().mean(-1, keepdim=True) + eps) * weight.detach().cpu().double()
+
+
+def expected_residual(x: torch.Tensor, residual: torch.Tensor, backend: Backend) -> torch.Tensor:
+    """``residual + x`` rounded once to residual's dtype, as both backends store it.
+
+    Triton's interpreter (not the GPU) casts float32 to bfloat16 by truncation; that is
+    emulated here so the in-place update can still be checked bit for bit.
+    """
+    x, residual = x.cpu(), residual.cpu()
+    if backend.name == "triton" and INTERPRET and residual.dtype == torch.bfloat16:
+        s = residual.float() + x.float()
+        return (s.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    return (residual.double() + x.double()).to(residual.dtype)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64 = out.detach().cpu().double()
+    assert torch.isfinite(out64).all(), "output has NaN/inf (an element not written?)"
+    denom = ref.norm().item()
+    return (out64 - ref).norm().item() / (denom if denom else 1.0)
+
+
+def check_rmsnorm(backend: Backend, config: Config, x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> None:
+    x_before = x.clone()
+    y = backend.call(backend.rmsnorm, config, x, w, eps)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device and y.is_contiguous()
+    assert torch.equal(x, x_before), "x was modified"
+    assert rel_err(y, ref_rmsnorm(x, w, eps)) <= TOL[x.dtype], config
+
+
+def check_fused(
+    backend: Backend, config: Config, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
+) -> None:
+    x_before = x.clone()
+    want_r = expected_residual(x, r, backend)
+    ptr = r.data_ptr()
+    y = backend.call(backend.fused, config, x, r, w, eps)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device and y.is_contiguous()
+    assert torch.equal(x, x_before), "x was modified"
+    assert r.data_ptr() == ptr
+    assert torch.equal(r.cpu(), want_r), f"residual not updated as reference ({config})"
+    assert rel_err(y, ref_rmsnorm(want_r, w, eps)) <= TOL[x.dtype], config
+
+
+# ---- correctness with the default config -----------------------------------------------
+
+SHAPES = [(1, 1), (3, 7), (4, 100), (2, 2880), (37, 64), (300, 16), (2, 3, 48)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_rmsnorm_default(backend: Backend, poison: None, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    seed = 1000 * len(shape) + sum(shape) + 7 * list(DTYPES.values()).index(dtype)
+    x = randn(shape, dtype, seed, backend.device)
+    w = randn(shape[-1:], dtype, seed + 1, backend.device)
+    check_rmsnorm(backend, backend.default(spec_of(x)), x, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_add_default(backend: Backend, poison: None, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    seed = 5000 + 1000 * len(shape) + sum(shape) + 7 * list(DTYPES.values()).index(dtype)
+    x = randn(shape, dtype, seed, backend.device)
+    r = randn(shape, dtype, seed + 1, backend.device)
+    w = randn(shape[-1:], dtype, seed + 2, backend.device)
+    check_fused(backend, backend.default(spec_of(x)), x, r, w)
+
+
+def test_eps_is_applied(backend: Backend) -> None:
+    x = randn((5, 40), torch.float32, 11, backend.device) * 1e-2
+    w = randn((40,), torch.float32, 12, backend.device)
+    r = randn((5, 40), torch.float32, 13, backend.device) * 1e-2
+    cfg = backend.default(spec_of(x))
+    check_rmsnorm(backend, cfg, x, w, eps=1e-3)
+    check_fused(backend, cfg, x, r, w, eps=1e-3)
+    check_rmsnorm(backend, cfg, x, w, eps=0)  # an int eps is accepted
+
+
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), [("bfloat16", "float32"), ("float32", "bfloat16"), ("float16", "bfloat16")])
+def test_weight_dtype_differs(backend: Backend, poison: None, x_dtype: str, w_dtype: str) -> None:
+    x = randn((6, 96), DTYPES[x_dtype], 21, backend.device)
+    r = randn((6, 96), DTYPES[x_dtype], 22, backend.device)
+    w = randn((96,), DTYPES[w_dtype], 23, backend.device)
+    cfg = backend.default(spec_of(x))
+    check_rmsnorm(backend, cfg, x, w)
+    check_fused(backend, cfg, x, r, w)
+
+
+def test_strided_rows(backend: Backend, poison: None) -> None:
+    """Row-strided slices of wider tensors, 2-D and 3-D, are read and updated in place."""
+    N = 50
+    big_x = randn((9, 80), torch.float16, 31, backend.device)
+    big_r = randn((9, 80), torch.float16, 32, backend.device)
+    w = randn((N,), torch.float16, 33, backend.device)
+    x, r = big_x[:, 5 : 5 + N], big_r[:, 7 : 7 + N]
+    outside = big_r.clone()
+    cfg = backend.default(spec_of(x))
+    check_rmsnorm(backend, cfg, x, w)
+    check_fused(backend, cfg, x, r, w)
+    outside[:, 7 : 7 + N] = big_r[:, 7 : 7 + N]
+    assert torch.equal(big_r, outside), "fused_add wrote outside the residual slice"
+
+    big3 = randn((2, 3, 64), torch.float32, 34, backend.device)
+    r3 = randn((2, 3, 64), torch.float32, 35, backend.device)[:, :, :N]
+    check_rmsnorm(backend, cfg, big3[:, :, 10 : 10 + N], w.float())
+    check_fused(backend, cfg, big3[:, :, :N], r3, w.float())
+    # Leading dims of size 1 and a broadcast (stride-0) x are fine to read.
+    check_rmsnorm(backend, cfg, big3[:1, 1:2, :N], w.float())
+    check_rmsnorm(backend, cfg, randn((N,), torch.float32, 36, backend.device).expand(4, N), w.float())
+
+
+def test_1d_input(backend: Backend) -> None:
+    x = randn((33,), torch.float32, 41, backend.device)
+    r = randn((33,), torch.float32, 42, backend.device)
+    w = randn((33,), torch.float32, 43, backend.device)
+    cfg = backend.default(spec_of(x))
+    check_rmsnorm(backend, cfg, x, w)
+    check_fused(backend, cfg, x, r, w)
+
+
+def test_residual_aliases_x(backend: Backend) -> None:
+    """``fused_add(x, x)`` doubles x in place, like ``x += x``."""
+    x = randn((3, 24), torch.float32, 51, backend.device)
+    w = randn((24,), torch.float32, 52, backend.device)
+    want = x * 2
+    y = backend.call(backend.fused, backend.default(spec_of(x)), x, x, w, 1e-6)
+    assert torch.equal(x, want)
+    assert rel_err(y, ref_rmsnorm(want, w, 1e-6)) <= TOL[torch.float32]
+
+
+def test_empty_rows_no_launch(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend.name == "triton":  # any launch would now fail
+        monkeypatch.setattr(triton_kernels, "_rmsnorm_kernel", None)
+        monkeypatch.setattr(triton_kernels, "_fused_add_rmsnorm_kernel", None)
+    for shape in [(0, 16), (2, 0, 16)]:
+        x = torch.empty(shape, device=backend.device)
+        r = torch.empty(shape, device=backend.device)
+        w = randn((16,), torch.float32, 61, backend.device)
+        cfg = backend.default(spec_of(x))
+        for y in (backend.call(backend.rmsnorm, cfg, x, w, 1e-6), backend.call(backend.fused, cfg, x, r, w, 1e-6)):
+            assert y.shape == shape and y.dtype == x.dtype
+
+
+# ---- every config of the spaces --------------------------------------------------------
+
+# (spec, rows actually used): tiny rows for the interpreter, not multiples of ROWS.
+TRITON_SPECS = [
+    ({"N": 100, "dtype": "float16", "M": 32}, 37),
+    ({"N": 5000, "dtype": "bfloat16", "M": 1}, 1),
+    ({"N": 2880, "dtype": "float32", "M": 4096}, 3),
+]
+CPU_SPECS = [({"N": 100, "dtype": "float32", "M": 4096}, 301), ({"N": 2880, "dtype": "bfloat16", "M": 256}, 70)]
+
+
+def _run_every_config(backend: Backend, spec: dict[str, Any], M: int) -> None:
+    dtype = DTYPES[spec["dtype"]]
+    N = spec["N"]
+    configs = backend.configs(spec)
+    assert configs
+    for i, config in enumerate(configs):
+        x = randn((M, N), dtype, 100 + i, backend.device)
+        r = randn((M, N), dtype, 200 + i, backend.device)
+        w = randn((N,), torch.float32, 300 + i, backend.device)
+        check_rmsnorm(backend, config, x, w)
+        check_fused(backend, config, x, r, w)
+
+
+@needs_triton
+@pytest.mark.parametrize(("spec", "M"), TRITON_SPECS, ids=lambda v: str(v) if isinstance(v, int) else f"N{v['N']}")
+def test_every_triton_config(poison: None, spec: dict[str, Any], M: int) -> None:
+    _run_every_config(_triton_backend(), spec, M)
+
+
+@pytest.mark.parametrize(("spec", "M"), CPU_SPECS, ids=lambda v: str(v) if isinstance(v, int) else f"N{v['N']}")
+def test_every_cpu_config(poison: None, spec: dict[str, Any], M: int) -> None:
+    _run_every_config(_cpu_backend(), spec, M)
+
+
+# ---- bad inputs ------------------------------------------------------------------------
+
+
+def _bad_calls() -> list[Any]:
+    f32 = torch.float32
+    x = torch.randn(4, 8)
+    w = torch.randn(8)
+    r = torch.randn(4, 8)
+    cases: list[tuple[str, tuple[Any, ...], dict[str, Any], type[Exception], str]] = [
+        # (id, rmsnorm args (x, w, eps), fused overrides, exception, argument named)
+        ("x-list", ([[1.0]], w, 1e-6), {}, TypeError, "x"),
+        ("w-list", (x, [1.0] * 8, 1e-6), {}, TypeError, "weight"),
+        ("x-int", (x.long(), w, 1e-6), {}, TypeError, "x"),
+        ("x-float64", (x.double(), w, 1e-6), {}, TypeError, "x"),
+        ("w-int", (x, w.int(), 1e-6), {}, TypeError, "weight"),
+        ("w-device", (x, w.to("meta"), 1e-6), {}, ValueError, "weight"),
+        ("w-2d", (x, w[None], 1e-6), {}, ValueError, "weight"),
+        ("w-length", (x, torch.randn(9), 1e-6), {}, ValueError, "weight"),
+        ("w-strided", (x, torch.randn(16)[::2], 1e-6), {}, ValueError, "weight"),
+        ("x-0d", (torch.tensor(1.0), torch.randn(1), 1e-6), {}, ValueError, "x"),
+        ("x-N0", (torch.randn(4, 0), torch.randn(0), 1e-6), {}, ValueError, "x"),
+        ("eps-str", (x, w, "1e-6"), {}, TypeError, "eps"),
+        ("eps-bool", (x, w, True), {}, TypeError, "eps"),
+        ("eps-none", (x, w, None), {}, TypeError, "eps"),
+        ("eps-neg", (x, w, -1e-6), {}, ValueError, "eps"),
+        ("eps-nan", (x, w, math.nan), {}, ValueError, "eps"),
+        ("eps-inf", (x, w, math.inf), {}, ValueError, "eps"),
+        ("x-col-stride", (torch.randn(8, 4).t(), w, 1e-6), {}, ValueError, "x"),
+        ("x-not-collapsible", (torch.randn(3, 4, 8)[:, :2], w, 1e-6), {}, ValueError, "x"),
+        ("x-transposed-rows", (torch.randn(3, 4, 8).transpose(0, 1), w, 1e-6), {}, ValueError, "x"),
+        ("r-list", (x, w, 1e-6), {"residual": [[0.0]]}, TypeError, "residual"),
+        ("r-int", (x, w, 1e-6), {"residual": r.long()}, TypeError, "residual"),
+        ("r-dtype", (x, w, 1e-6), {"residual": r.half()}, TypeError, "residual"),
+        ("r-shape", (x, w, 1e-6), {"residual": torch.randn(2, 2, 8)}, ValueError, "residual"),
+        ("r-device", (x, w, 1e-6), {"residual": r.to("meta")}, ValueError, "residual"),
+        ("r-col-stride", (x, w, 1e-6), {"residual": torch.randn(8, 4).t()}, ValueError, "residual"),
+        ("r-broadcast", (x, w, 1e-6), {"residual": torch.randn(8).expand(4, 8)}, ValueError, "residual"),
+        ("r-not-collapsible", (torch.randn(3, 2, 8), w, 1e-6), {"residual": torch.randn(3, 4, 8)[:, :2]}, ValueError, "residual"),
+    ]
+    return [pytest.param(*c[1:], id=c[0]) for c in cases]
+
+
+@pytest.mark.parametrize(("args", "fused_over", "exc", "name"), _bad_calls())
+def test_bad_inputs(backend: Backend, args: tuple[Any, ...], fused_over: dict[str, Any], exc: type[Exception], name: str) -> None:
+    def to_dev(v: Any) -> Any:  # same sizes and strides on the backend's device (values unused)
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or backend.device == "cpu":
+            return v
+        return torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=backend.device)
+
+    x, w, eps = (to_dev(a) for a in args)
+    config = backend.default({"N": 8, "dtype": "float32", "M": 4})
+    if not fused_over:
+        with pytest.raises(exc, match=rf"^{name}\b"):
+            backend.call(backend.rmsnorm, config, x, w, eps)
+    r_default = torch.randn(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+    r = to_dev(fused_over.get("residual", r_default))
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        backend.call(backend.fused, config, x, r, w, eps)
+
+
+@needs_triton
+@pytest.mark.parametrize("knobs", [{"BLOCK_N": 48, "ROWS": 1}, {"BLOCK_N": 64, "ROWS": 3}, {"BLOCK_N": 0, "ROWS": 1}])
+def test_bad_triton_knobs(knobs: dict[str, int]) -> None:
+    x = torch.randn(2, 64, device=_triton_backend().device)
+    w = torch.randn(64, device=x.device)
+    with pytest.raises(ValueError, match="BLOCK_N|ROWS"):
+        triton_kernels.rmsnorm_triton(x, w, 1e-6, **knobs)
+
+
+@pytest.mark.parametrize("row_block", [0, -4, 2.0, True])
+def test_bad_cpu_knob(row_block: Any) -> None:
+    with pytest.raises(ValueError, match="ROW_BLOCK"):
+        cpu.rmsnorm_cpu(torch.randn(2, 8), torch.randn(8), 1e-6, ROW_BLOCK=row_block)
+
+
+# ---- spaces and defaults ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("M", "bucket"),
+    [(0, 1), (1, 1), (2, 32), (32, 32), (33, 256), (256, 256), (257, 4096), (4096, 4096), (4097, 32768), (10**9, 32768)],
+)
+def test_row_bucket(M: int, bucket: int) -> None:
+    assert space.row_bucket(M) == bucket
+
+
+@given(st.integers(min_value=0, max_value=10**7))
+def test_row_bucket_is_smallest_cover(M: int) -> None:
+    b = space.row_bucket(M)
+    assert b in space.ROW_BUCKETS
+    assert b >= M or b == 32768
+    assert all(c < M for c in space.ROW_BUCKETS if c < b)
+
+
+SPACE_SPECS = [
+    {"N": n, "dtype": d, "M": m}
+    for n in (1, 7, 100, 512, 1024, 2880, 4096, 5120, 7168, 8192, 16384, 20000, 32768, 100_000)
+    for d in DTYPES
+    for m in space.ROW_BUCKETS
+]
+
+
+def _pow2(v: object) -> bool:
+    return isinstance(v, int) and v > 0 and v & (v - 1) == 0
+
+
+@pytest.mark.parametrize("spec", SPACE_SPECS, ids=lambda s: f"N{s['N']}-{s['dtype']}-M{s['M']}")
+def test_triton_space(spec: dict[str, Any]) -> None:
+    configs = space.triton_configs(spec)
+    N, M = spec["N"], spec["M"]
+    P = 1 << (N - 1).bit_length()
+    assert configs and len(set(configs)) == len(configs)
+    for c in configs:
+        k, h = c.kwargs, c.hints
+        assert set(k) == {"BLOCK_N", "ROWS"} and _pow2(k["BLOCK_N"]) and _pow2(k["ROWS"])
+        assert k["BLOCK_N"] <= P, "BLOCK_N wider than the row"
+        assert k["ROWS"] <= M, "more rows per program than the bucket has"
+        assert h["num_warps"] in (1, 2, 4, 8, 16, 32)
+        if k["BLOCK_N"] < P:  # chunked
+            assert N > 2048 and k["ROWS"] == 1
+        else:
+            assert "num_stages" not in h  # no loop to pipeline
+    if 1024 <= N <= 32768 and M >= 32:
+        assert 15 <= len(configs) <= 40, len(configs)
+    if M == 1:
+        assert {c.kwargs["ROWS"] for c in configs} == {1}
+    default = space.triton_default(spec)
+    assert default.kwargs in [c.kwargs for c in configs]
+    assert default in configs
+
+
+@pytest.mark.parametrize(("N", "warps"), [(1024, 2), (4096, 8), (8192, 8), (16384, 16)])
+def test_triton_default_matches_measured_warps(N: int, warps: int) -> None:
+    d = space.triton_default({"N": N, "dtype": "bfloat16", "M": 4096})
+    assert d.kwargs == {"BLOCK_N": N, "ROWS": 1} and d.hints["num_warps"] == warps
+
+
+def test_triton_default_tiles_small_rows() -> None:
+    assert space.triton_default({"N": 128, "dtype": "bfloat16", "M": 32768}).kwargs["ROWS"] > 1
+    assert space.triton_default({"N": 128, "dtype": "bfloat16", "M": 32}).kwargs["ROWS"] == 1
+    chunked = space.triton_default({"N": 65536, "dtype": "bfloat16", "M": 4096})
+    assert chunked.kwargs["BLOCK_N"] < 65536
+
+
+@pytest.mark.parametrize("spec", SPACE_SPECS, ids=lambda s: f"N{s['N']}-{s['dtype']}-M{s['M']}")
+def test_cpu_space(spec: dict[str, Any]) -> None:
+    configs = space.cpu_configs(spec)
+    assert configs and len(set(configs)) == len(configs)
+    blocks = [c.kwargs["ROW_BLOCK"] for c in configs]
+    assert all(isinstance(b, int) and 1 <= b <= spec["M"] for b in blocks)
+    assert all(c.hints == {} and set(c.kwargs) == {"ROW_BLOCK"} for c in configs)
+    assert space.cpu_default(spec) in configs
+
+
+@pytest.mark.parametrize("bad", [{"N": 0, "dtype": "float16", "M": 1}, {"N": 8, "dtype": "int8", "M": 1}, {"dtype": "float16"}])
+def test_bad_spec(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="spec"):
+        space.triton_configs(bad)
+    with pytest.raises(ValueError, match="spec"):
+        space.cpu_default(bad)
+
+
+# ---- GPU: realistic shapes, every config -----------------------------------------------
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("N", [1024, 2880, 8192])
+@pytest.mark.parametrize("M", [1, 4096])
+def test_gpu_every_config(M: int, N: int, dtype: torch.dtype, poison: None) -> None:
+    backend = _triton_backend()
+    configs = space.triton_configs({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": space.row_bucket(M)})
+    x = randn((M, N), dtype, N + M, "cuda")
+    w = randn((N,), dtype, N + M + 1, "cuda")
+    r0 = randn((M, N), dtype, N + M + 2, "cuda")
+    for config in configs:
+        check_rmsnorm(backend, config, x, w)
+        check_fused(backend, config, x, r0.clone(), w)
+
+
+@gpu
+@needs_cuda
+def test_gpu_int64_row_offsets() -> None:
+    """Rows 2**31 elements apart: row offsets overflow int32."""
+    backend = _triton_backend()
+    N, stride = 64, 2**31
+    buf_x = torch.empty(stride + N, dtype=torch.float16, device="cuda")
+    buf_r = torch.empty(stride + N, dtype=torch.float16, device="cuda")
+    x = buf_x.as_strided((2, N), (stride, 1))
+    r = buf_r.as_strided((2, N), (stride, 1))
+    x.copy_(randn((2, N), torch.float16, 71))
+    r.copy_(randn((2, N), torch.float16, 72))
+    w = randn((N,), torch.float16, 73, "cuda")
+    config = Config({"BLOCK_N": 64, "ROWS": 2}, num_warps=1)
+    check_rmsnorm(backend, config, x, w)
+    check_fused(backend, config, x, r, w)

@@ -1,0 +1,360 @@
+"""The search: candidates, pruning, in-place kernels, failures, the correctness gate, the tie band."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+import torch
+
+import flyreg
+from flyreg import BenchResult, Config, FlyregWarning, TuneError, cache, search
+from flyreg.builder import BuildCache
+from flyreg.search import pick_winner
+
+from cpu_kernels import FAST, chunked_accumulate, chunked_double, double_op, inputs
+
+# -- candidates ---------------------------------------------------------------------------------
+
+
+def benchmarked(report: flyreg.TuneReport) -> list[Config]:
+    return [c for c, _ in report.timings]
+
+
+def only_report(tuner: Any, before: set[str]) -> flyreg.TuneReport:
+    (new,) = set(tuner.reports) - before
+    return tuner.reports[new]
+
+
+def test_prune_runs_per_call_on_the_spec() -> None:
+    pruned_for: list[dict[str, Any]] = []
+
+    def prune(configs: list[Config], spec: dict[str, Any]) -> list[Config]:
+        pruned_for.append(spec)
+        return [c for c in configs if c.kwargs["CHUNK"] <= spec["n"] // 4]
+
+    chunks = (1, 8, 32, 128)
+    tuner, rec = double_op("pruned", chunks=chunks, prune_configs_by=prune)
+    for rows in (16, 64, 512):
+        before = set(tuner.reports)
+        rec.launches.clear()
+        x, out = inputs(rows=rows)
+        tuner(x, out)
+        want = [Config({"CHUNK": c}) for c in chunks if c <= rows // 4]
+        assert benchmarked(only_report(tuner, before)) == want
+        assert {c for c, _ in rec.launches} == {c.kwargs["CHUNK"] for c in want}
+        assert torch.equal(out, x * 2)
+    assert [s["n"] for s in pruned_for] == [16, 64, 512]
+
+
+def test_configs_may_be_a_callable_of_the_spec() -> None:
+    asked: list[dict[str, Any]] = []
+
+    def configs(spec: dict[str, Any]) -> list[Config]:
+        asked.append(dict(spec))
+        return [Config({"CHUNK": c}) for c in (spec["n"] // 8, spec["n"] // 2)]
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        return lambda x, out: chunked_double(x, out, int(config.kwargs["CHUNK"]))  # type: ignore[arg-type]
+
+    tuner = flyreg.autotune_builder("cfg_fn", build, lambda x, out: {"n": int(x.shape[0])}, configs,
+                                    build_cache=BuildCache(), **FAST)
+    for rows in (32, 128):
+        before = set(tuner.reports)
+        tuner(*inputs(rows=rows))
+        assert benchmarked(only_report(tuner, before)) == [Config({"CHUNK": rows // 8}), Config({"CHUNK": rows // 2})]
+    assert {"n": 32} in asked and {"n": 128} in asked
+
+
+def test_default_is_always_a_candidate() -> None:
+    tuner, _ = double_op("with_default", chunks=(4, 8), default=Config({"CHUNK": 64}))
+    x, out = inputs()
+    report = tuner.tune(x, out, emit=False)
+    assert benchmarked(report)[0] == Config({"CHUNK": 64})
+    assert report.default_ms is not None and report.speedup == pytest.approx(report.default_ms / report.winner_ms)
+    assert report.tried == 3
+
+
+def test_non_config_candidates_are_an_error() -> None:
+    tuner = flyreg.autotune_builder("not_cfg", lambda c, s: print, lambda x, out: {}, [{"CHUNK": 1}],
+                                    build_cache=BuildCache(), **FAST)
+    with pytest.raises(TypeError, match="Config"):
+        tuner(*inputs())
+
+
+# -- kernels that write their inputs ------------------------------------------------------------
+
+
+def _accumulate_op(name: str, chunks: tuple[int, ...] = (1, 16, 128), buggy: int | None = None,
+                   **options: Any) -> tuple[Any, list[torch.Tensor]]:
+    """``acc += x * k``: launches record ``acc`` as they find it. ``buggy`` (a CHUNK) stops after one chunk."""
+    at_start: list[torch.Tensor] = []
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        chunk = int(config.kwargs["CHUNK"])  # type: ignore[arg-type]
+        rows = chunk if config.kwargs.get("BUGGY") else None
+
+        def launch(acc: torch.Tensor, x: torch.Tensor, k: float) -> torch.Tensor:
+            at_start.append(acc.clone())
+            return chunked_accumulate(acc, x, k, chunk, rows)
+
+        return launch
+
+    configs = [Config({"CHUNK": c, "BUGGY": False}) for c in chunks]
+    if buggy is not None:
+        configs.append(Config({"CHUNK": buggy, "BUGGY": True}))
+    tuner = flyreg.autotune_builder(name, build, lambda acc, x, k: {"n": int(acc.shape[0]), "k": k}, configs,
+                                    build_cache=BuildCache(), **{**FAST, **options})
+    return tuner, at_start
+
+
+def test_restore_value_gives_one_clean_run() -> None:
+    acc0, x = torch.randn(256, 8), torch.randn(256, 8)
+    acc = acc0.clone()
+    tuner, at_start = _accumulate_op("acc_restore", restore_value=["acc"])
+    y = tuner(acc, x, 0.5)
+    assert y is acc and torch.equal(acc, acc0 + x * 0.5)
+    assert len(at_start) == tuner.stats.benchmarks * (FAST["warmup"] + FAST["rep"]) + 1
+    assert all(torch.equal(a, acc0) for a in at_start)  # every launch, the real one too, saw the clean input
+    tuner(acc, x, 0.5)  # a memory hit is a plain call: it accumulates once more
+    assert torch.equal(acc, acc0 + x * 0.5 + x * 0.5)
+
+
+def test_without_restore_value_the_search_corrupts_the_input() -> None:
+    acc0, x = torch.randn(256, 8), torch.randn(256, 8)
+    acc = acc0.clone()
+    tuner, _ = _accumulate_op("acc_no_restore")
+    tuner(acc, x, 0.5)
+    assert not torch.equal(acc, acc0 + x * 0.5)  # why restore_value exists
+
+
+def _zeroing_op(name: str, default: Config | None = None, **options: Any) -> tuple[Any, list[torch.Tensor]]:
+    """``out += x * k`` (it needs ``out`` zeroed); launches record ``out`` as they find it."""
+    at_start: list[torch.Tensor] = []
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        chunk = int(config.kwargs["CHUNK"])  # type: ignore[arg-type]
+
+        def launch(out: torch.Tensor, x: torch.Tensor, k: float) -> torch.Tensor:
+            at_start.append(out.clone())
+            return chunked_accumulate(out, x, k, chunk)
+
+        return launch
+
+    tuner = flyreg.autotune_builder(name, build, lambda out, x, k: {"n": int(out.shape[0])},
+                                    [Config({"CHUNK": c}) for c in (1, 16, 128)],
+                                    (lambda spec: default) if default is not None else None,
+                                    reset_to_zero=["out"], build_cache=BuildCache(), **{**FAST, **options})
+    return tuner, at_start
+
+
+def test_reset_to_zero_before_every_rep_and_every_real_call() -> None:
+    x = torch.randn(256, 8)
+    out = torch.full_like(x, 7.0)
+    tuner, at_start = _zeroing_op("zeroed")
+    assert torch.equal(tuner(out, x, 3.0), x * 3.0)
+    assert len(at_start) == tuner.stats.benchmarks * (FAST["warmup"] + FAST["rep"]) + 1
+    assert all(not a.any() for a in at_start)
+    for garbage in (5.0, -1.0):  # memory hits zero too
+        out.fill_(garbage)
+        assert torch.equal(tuner(out, x, 3.0), x * 3.0)
+    assert tuner.stats.searches == 1
+    fresh, fresh_at_start = _zeroing_op("zeroed")  # a persistent disk-cache hit in a fresh tuner
+    out.fill_(9.0)
+    assert fresh.resolve(out, x, 3.0).source == "cache"
+    assert torch.equal(fresh(out, x, 3.0), x * 3.0)
+    assert fresh.stats.searches == 0 and len(fresh_at_start) == 1 and not fresh_at_start[0].any()
+
+
+def test_reset_to_zero_on_a_default_hit_and_by_keyword() -> None:
+    x = torch.randn(64, 8)
+    out = torch.full_like(x, 7.0)
+    tuner, at_start = _zeroing_op("zeroed_default", default=Config({"CHUNK": 16}))
+    assert torch.equal(tuner(out, x, 2.0), x * 2.0)
+    out.fill_(1.0)
+    assert torch.equal(tuner(out=out, x=x, k=2.0), x * 2.0)
+    assert tuner.stats.searches == 0 and len(at_start) == 2 and not any(a.any() for a in at_start)
+
+
+def test_restore_and_reset_must_name_tensor_arguments() -> None:
+    x = torch.randn(16, 8)
+    tuner, _ = _accumulate_op("bad_restore", restore_value=["nope"])
+    with pytest.raises(ValueError, match="nope"):
+        tuner(x.clone(), x, 1.0)
+    tuner, _ = _accumulate_op("bad_restore2", restore_value=["k"])
+    with pytest.raises(TypeError, match="'k'.*not a tensor"):
+        tuner(x.clone(), x, 1.0)
+
+
+def test_pre_hook_runs_before_each_rep_and_survives_the_disk_cache() -> None:
+    hooked: list[int] = []
+
+    def zero_out(args: dict[str, Any]) -> None:
+        hooked.append(1)
+        args["out"].zero_()
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        chunk = int(config.kwargs["CHUNK"])  # type: ignore[arg-type]
+        return lambda out, x, k: chunked_accumulate(out, x, k, chunk)
+
+    def make() -> Any:
+        return flyreg.autotune_builder(
+            "hooked", build, lambda out, x, k: {"n": int(out.shape[0])},
+            [Config({"CHUNK": c}, pre_hook=zero_out) for c in (4, 64)],
+            reference=lambda a, kw: a[1] * a[2], build_cache=BuildCache(), **FAST)
+
+    x = torch.randn(64, 8)
+    out = torch.full_like(x, 5.0)
+    tuner = make()
+    assert torch.equal(tuner(out, x, 2.0), x * 2.0)
+    assert tuner.stats.benchmarks == 2  # neither config was rejected: the hook zeroed before the check
+    assert len(hooked) == 2 * (1 + FAST["warmup"] + FAST["rep"]) + 1
+    hooked.clear()
+    out.fill_(5.0)
+    fresh = make()
+    assert fresh.resolve(out, x, 2.0).source == "cache"
+    assert fresh.resolve(out, x, 2.0).config.pre_hook is zero_out
+    assert torch.equal(fresh(out, x, 2.0), x * 2.0) and hooked == [1]
+
+
+# -- failures and the correctness gate ----------------------------------------------------------
+
+
+def _flaky_op(name: str, bad_build: set[int], bad_launch: set[int], chunks: tuple[int, ...] = (2, 3, 5, 8)) -> Any:
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        chunk = int(config.kwargs["CHUNK"])  # type: ignore[arg-type]
+        if chunk in bad_build:
+            raise ValueError(f"cannot build CHUNK={chunk}")
+
+        def launch(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            if chunk in bad_launch:
+                raise RuntimeError(f"out of resources at CHUNK={chunk}")
+            return chunked_double(x, out, chunk)
+
+        return launch
+
+    return flyreg.autotune_builder(name, build, lambda x, out: {"n": int(x.shape[0])},
+                                   [Config({"CHUNK": c}) for c in chunks], build_cache=BuildCache(), **FAST)
+
+
+def test_failing_configs_are_skipped_with_a_warning() -> None:
+    tuner = _flaky_op("flaky", bad_build={3}, bad_launch={5})
+    x, out = inputs(rows=64)
+    with pytest.warns(FlyregWarning) as record:
+        assert torch.equal(tuner(x, out), x * 2)
+    messages = [str(w.message) for w in record]
+    assert any("Config(CHUNK=3)" in m and "ValueError: cannot build CHUNK=3" in m for m in messages)
+    assert any("Config(CHUNK=5)" in m and "RuntimeError: out of resources at CHUNK=5" in m for m in messages)
+    (report,) = tuner.reports.values()
+    assert {c.kwargs["CHUNK"] for c, _ in report.failed} == {3, 5}
+    assert {c.kwargs["CHUNK"] for c in benchmarked(report)} == {2, 8}
+    assert report.winner.kwargs["CHUNK"] in (2, 8)
+
+
+def test_all_configs_failing_is_a_tune_error() -> None:
+    tuner = _flaky_op("doomed", bad_build={2, 3}, bad_launch={5, 8})
+    x, out = inputs(rows=64)
+    with pytest.warns(FlyregWarning), pytest.raises(TuneError) as info:
+        tuner(x, out)
+    text = str(info.value)
+    assert "doomed" in text and str({"n": 64}) in text
+    for chunk in (2, 3):
+        assert f"Config(CHUNK={chunk}): ValueError: cannot build CHUNK={chunk}" in text
+    for chunk in (5, 8):
+        assert f"Config(CHUNK={chunk}): RuntimeError: out of resources at CHUNK={chunk}" in text
+    assert cache.load("doomed") == {}
+
+
+def test_wrong_fastest_config_is_rejected() -> None:
+    acc0, x = torch.randn(512, 8), torch.randn(512, 8)
+    # The buggy config runs one loop iteration against at least 16: without the gate it wins.
+    ungated, _ = _accumulate_op("gate_off", chunks=(1, 32), buggy=32, restore_value=["acc"])
+    assert ungated.tune(acc0.clone(), x, 1.5, emit=False).winner.kwargs["BUGGY"] is True
+
+    def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        acc, x_, k = args
+        acc += x_ * k  # in place, returning its own input: the gate must copy it
+        return acc
+
+    tuner, _ = _accumulate_op("gated", chunks=(1, 32), buggy=32, restore_value=["acc"], reference=reference)
+    acc = acc0.clone()
+    with pytest.warns(FlyregWarning, match="BUGGY=True.*wrong result"):
+        tuner(acc, x, 1.5)
+    assert torch.equal(acc, acc0 + x * 1.5)
+    (report,) = tuner.reports.values()
+    assert [c.kwargs["BUGGY"] for c, _ in report.rejected] == [True]
+    assert "elements off" in report.rejected[0][1]
+    assert report.winner.kwargs["BUGGY"] is False
+    assert all(c.kwargs["BUGGY"] is False for c in benchmarked(report))
+    assert tuner.resolve(acc, x, 1.5).config.kwargs["BUGGY"] is False
+    (entry,) = cache.load("gated").values()
+    assert entry["config"]["kwargs"]["BUGGY"] is False
+
+
+# -- the tie band -------------------------------------------------------------------------------
+
+
+def fixed_timings(monkeypatch: pytest.MonkeyPatch, times: dict[int, float], launches: list[Any],
+                  noise: float = 0.0, seed: int = 0) -> None:
+    """Make ``search.do_bench`` run the candidate once and report ``times[CHUNK]`` (times ±noise)."""
+    rng = random.Random(seed)
+
+    def fake(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
+        fn()
+        chunk = launches[-1][0]
+        return BenchResult.of([times[chunk] * (1 + rng.uniform(-noise, noise)) for _ in range(rep)])
+
+    monkeypatch.setattr(search, "do_bench", fake)
+
+
+@pytest.mark.parametrize("default_ms, wins", [(1.015, "default"), (1.019, "default"), (1.03, "fastest")])
+def test_default_wins_within_the_band(monkeypatch: pytest.MonkeyPatch, default_ms: float, wins: str) -> None:
+    tuner, rec = double_op("tie_default", chunks=(4, 8, 16), default=Config({"CHUNK": 8}))
+    fixed_timings(monkeypatch, {4: 1.5, 8: default_ms, 16: 1.0}, rec.launches)
+    report = tuner.tune(*inputs(), emit=False)
+    assert report.winner == (Config({"CHUNK": 8}) if wins == "default" else Config({"CHUNK": 16}))
+    assert report.default_ms == pytest.approx(default_ms)
+
+
+def test_earlier_config_wins_within_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner, rec = double_op("tie_order", chunks=(4, 8, 16, 32))
+    fixed_timings(monkeypatch, {4: 2.0, 8: 1.01, 16: 1.0, 32: 1.015}, rec.launches)
+    assert tuner.tune(*inputs(), emit=False).winner == Config({"CHUNK": 8})
+    fixed_timings(monkeypatch, {4: 2.0, 8: 1.03, 16: 1.0, 32: 1.015}, rec.launches)
+    assert tuner.tune(*inputs(), emit=False).winner == Config({"CHUNK": 16})
+
+
+def test_repeated_tunings_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    winners = set()
+    for seed in range(12):
+        tuner, rec = double_op("tie_repeat", chunks=(4, 8, 16))
+        # 8 and 16 cost the same up to 0.5% noise; each run the noise falls differently.
+        fixed_timings(monkeypatch, {4: 3.0, 8: 1.0, 16: 1.0}, rec.launches, noise=0.005, seed=seed)
+        winners.add(tuner.tune(*inputs(), emit=False).winner)
+    assert winners == {Config({"CHUNK": 8})}
+
+
+def test_pick_winner_directly() -> None:
+    a, b, c = (Config({"CHUNK": i}) for i in (1, 2, 3))
+    r = BenchResult.of
+    assert pick_winner([(a, r([1.0])), (b, r([0.5])), (c, r([0.505]))], None, 0.02)[0] == b
+    assert pick_winner([(a, r([1.0])), (b, r([0.5])), (c, r([0.505]))], c, 0.02)[0] == c
+    assert pick_winner([(a, r([1.0])), (b, r([0.5])), (c, r([0.505]))], c, 0.0)[0] == b
+    assert pick_winner([(a, r([0.509])), (b, r([0.5]))], None, 0.02) == (a, 0.509)
+
+
+def test_tune_error_on_zero_candidates() -> None:
+    tuner, _ = double_op("none_left", prune_configs_by=lambda cs, spec: [])
+    with pytest.raises(TuneError, match="none_left.*no candidate"):
+        tuner(*inputs())
+
+
+def test_search_writes_a_complete_cache_entry() -> None:
+    tuner, _ = double_op("entry_op", default=None)
+    x, out = inputs()
+    report = tuner.tune(x, out, emit=False)
+    (entry,) = json.loads(cache.cache_file("entry_op").read_text())["entries"].values()
+    assert Config.from_json(entry["config"]) == report.winner
+    assert entry["spec"] == {"n": 256} and entry["time_ms"] == report.winner_ms

@@ -1,0 +1,151 @@
+"""flyreg.validate.check_artifacts: what ``flyreg check`` reports about a directory of artifacts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import flyreg
+from flyreg import Config
+from flyreg.builder import BuildCache
+from flyreg.keys import DeviceIdentity, fingerprint, identity_of
+from flyreg.offline import emit_artifact
+from flyreg.validate import Problem, check_artifacts
+
+OP = "validate_sum"
+CPU = identity_of(None)
+SPEC = {"N": 2048, "dtype": "float32"}
+
+
+def build(config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
+    chunk = config.kwargs["CHUNK"]
+
+    def launch(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out.zero_()
+        for i in range(0, x.numel(), chunk):
+            out += x[i:i + chunk].sum()
+        return out
+
+    return launch
+
+
+def specialize(x: torch.Tensor, out: torch.Tensor) -> dict[str, Any]:
+    return {"N": x.numel(), "dtype": str(x.dtype).removeprefix("torch.")}
+
+
+@pytest.fixture
+def tuned(isolated_dirs: dict[str, Path]) -> Path:
+    """The artifact a real search of a builder-mode tuner emits (its default, CHUNK=8, is the slowest)."""
+    tuner = flyreg.autotune_builder(OP, build, specialize, [Config({"CHUNK": c}) for c in (8, 128, 2048)],
+                                    lambda spec: Config({"CHUNK": 8}), warmup=1, rep=3, build_cache=BuildCache())
+    report = tuner.tune(torch.ones(2048), torch.zeros(()))
+    assert report.winner != Config({"CHUNK": 8})
+    return Path(report.artifact)
+
+
+def edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def found(problems: list[Problem]) -> list[tuple[str, str, str]]:
+    return [(p.path.name, p.severity, p.message) for p in problems]
+
+
+def test_freshly_emitted_artifacts_are_clean(tuned: Path, isolated_dirs: dict[str, Path]) -> None:
+    emit_artifact(OP, {"N": 1e20, "dtype": "a/b", "flag": True, "eps": None}, CPU, Config({"CHUNK": 8}), "0",
+                  None, None, tuned.parent)
+    assert check_artifacts([tuned.parent], {OP: "0"}) == []
+    assert check_artifacts([tuned.parent]) == []
+
+
+def test_renamed_file_does_not_match_its_content(tuned: Path) -> None:
+    moved = tuned.with_name(tuned.name.replace("N=2048", "N=4096"))
+    tuned.rename(moved)
+    ((name, severity, message),) = found(check_artifacts([moved.parent], {OP: "0"}))
+    assert (name, severity) == (moved.name, "error")
+    assert "filename does not match its content" in message and tuned.name in message
+
+
+def test_edited_spec_does_not_match_its_filename(tuned: Path) -> None:
+    edit(tuned, lambda d: d["spec"].update(N=4096))
+    assert [s for _, s, _ in found(check_artifacts([tuned.parent], {OP: "0"}))] == ["error"]
+
+
+def test_int_written_as_float_still_matches(tuned: Path) -> None:
+    edit(tuned, lambda d: d["spec"].update(N=2048.0))
+    assert check_artifacts([tuned.parent], {OP: "0"}) == []
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{", "unreadable JSON"),
+    ('{"schema": 1}', "missing fields"),
+    ("[]", "top level is list"),
+])
+def test_malformed_json_is_an_error(text: str, words: str, tuned: Path) -> None:
+    tuned.write_text(text)
+    ((_, severity, message),) = found(check_artifacts([tuned.parent], {OP: "0"}))
+    assert severity == "error" and words in message
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("schema", 99, "schema"),
+    ("spec", None, "'spec'"),
+    ("device", {"name": "x"}, "'device'"),
+    ("config", {"kwargs": {"CHUNK": 8}, "bogus": 1}, "unknown fields"),
+])
+def test_schema_errors(field: str, value: Any, words: str, tuned: Path) -> None:
+    edit(tuned, lambda d: d.__setitem__(field, value))
+    ((_, severity, message),) = found(check_artifacts([tuned.parent], {OP: "0"}))
+    assert severity == "error" and words in message
+
+
+def test_unknown_op_only_when_ops_are_known(tuned: Path) -> None:
+    problems = found(check_artifacts([tuned.parent], {"rmsnorm": "1"}))
+    assert [(s, "unknown op" in m) for _, s, m in problems] == [("error", True)]
+    assert check_artifacts([tuned.parent]) == []
+
+
+def test_unsanitized_device_name(tuned: Path) -> None:
+    path = emit_artifact(OP, SPEC, DeviceIdentity("NVIDIA H200", "sm_90"), Config({"CHUNK": 8}), "0", None, None,
+                         tuned.parent)
+    problems = found(check_artifacts([tuned.parent], {OP: "0"}))
+    assert [(n, s) for n, s, _ in problems] == [(path.name, "error")]
+    assert "not sanitized" in problems[0][2]
+
+
+def test_stale_toolchain(tuned: Path) -> None:
+    edit(tuned, lambda d: d["provenance"]["toolchain"].update(torch="1.0.0"))
+    for known in ({OP: "0"}, None):
+        ((name, severity, message),) = found(check_artifacts([tuned.parent], known))
+        assert (name, severity) == (tuned.name, "stale") and "torch" in message
+
+
+def test_stale_op_version(tuned: Path) -> None:
+    ((_, severity, message),) = found(check_artifacts([tuned.parent], {OP: "2"}))
+    assert severity == "stale" and "op" in message
+    assert check_artifacts([tuned.parent]) == []  # without the op's version only the shared toolchain is compared
+    assert json.loads(tuned.read_text())["provenance"]["toolchain"] == fingerprint("0")
+
+
+def test_files_lookup_never_reads(tuned: Path) -> None:
+    hidden = tuned.parent / ".hidden.json"
+    hidden.write_text(tuned.read_text())
+    odd = tuned.parent / "notes.json"
+    odd.write_text("{}")
+    (tuned.parent / "README.md").write_text("not an artifact")
+    problems = found(check_artifacts([tuned.parent], {OP: "0"}))
+    assert sorted((n, s) for n, s, _ in problems) == [(".hidden.json", "error"), ("notes.json", "error")]
+    assert all("lookup never reads it" in m for _, _, m in problems)
+
+
+def test_missing_directory_is_reported_not_raised(tmp_path: Path, tuned: Path) -> None:
+    problems = check_artifacts([tmp_path / "nope", tuned.parent], {OP: "0"})
+    assert [(p.path, p.severity) for p in problems] == [(tmp_path / "nope", "error")]
+    assert str(problems[0]).startswith(f"{tmp_path / 'nope'}: error: ")
