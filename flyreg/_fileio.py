@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 _warned: set[str] = set()
+_umask: int | None = None
 
 
 class FlyregWarning(UserWarning):
@@ -25,11 +26,22 @@ def warn_once(message: str, key: str | None = None) -> None:
     warnings.warn(message, FlyregWarning, stacklevel=3)
 
 
+def _file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (``mkstemp`` would leave it 0600)."""
+    global _umask
+    if _umask is None:
+        _umask = os.umask(0o022)
+        os.umask(_umask)
+    return 0o666 & ~_umask
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` so a reader sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")

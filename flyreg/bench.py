@@ -38,11 +38,12 @@ class BenchResult:
         return (self.p80 - self.p20) / self.median if self.median > 0 else 0.0
 
 
-def _check_counts(warmup: int, rep: int) -> None:
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    if not isinstance(rep, int) or rep < 1:
-        raise ValueError(f"rep must be an int >= 1, got {rep!r}")
+def check_counts(warmup: object, rep: object) -> None:
+    """Raise ValueError unless ``warmup`` is an int >= 0 and ``rep`` an int >= 1 (bools are not counts)."""
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0 (a count of runs), got {warmup!r}")
+    if not isinstance(rep, int) or isinstance(rep, bool) or rep < 1:
+        raise ValueError(f"rep must be an int >= 1 (a count of runs), got {rep!r}")
 
 
 def do_bench(
@@ -62,7 +63,9 @@ def do_bench(
     run unless ``flush_l2`` is false, and ``cuda_graph=True`` times graph replays instead of
     launches (for launch-bound kernels; ``setup`` is captured too and its own time subtracted).
     """
-    _check_counts(warmup, rep)
+    check_counts(warmup, rep)
+    if not callable(fn) or (setup is not None and not callable(setup)):
+        raise TypeError("do_bench: fn (and setup, when given) must be callables of no arguments")
     kind = getattr(device, "type", None) or str(device).partition(":")[0]
     if kind != "cuda":
         return _bench_cpu(fn, warmup, rep, setup)

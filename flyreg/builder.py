@@ -8,16 +8,17 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .config import Config, JSONScalar
+from .config import Config, JSONScalar, typed
 
 BuildFn = Callable[[Config, dict[str, JSONScalar]], Callable[..., Any]]
 
 
 class BuildCache:
-    """Launch callables keyed on (op, structural knobs, spec) only.
+    """Launch callables keyed on (op, build function, structural knobs, spec) only.
 
     Configs that differ only in compiler hints share one build; the hints reach the
-    backend at launch, where it keeps one binary per hint value.
+    backend at launch, where it keeps one binary per hint value. The build function is
+    part of the key, so two ops that happen to share a name never share launches.
     """
 
     def __init__(self) -> None:
@@ -27,7 +28,7 @@ class BuildCache:
 
     def get(self, op: str, config: Config, spec: dict[str, JSONScalar], structural: tuple[str, ...] | None,
             build: BuildFn) -> Callable[..., Any]:
-        key = (op, config.structural(structural), tuple(sorted(spec.items())))
+        key = (op, build, typed(config.structural(structural)), typed(tuple(sorted(spec.items()))))
         launch = self._built.get(key)
         if launch is None:
             launch = build(config, dict(spec))
@@ -75,7 +76,7 @@ def autotune_builder(
 
 
 def autotune(
-    configs: Sequence[Config],
+    configs: Sequence[Config] | Callable[[dict[str, JSONScalar]], Sequence[Config]],
     key: Iterable[str],
     *,
     name: str | None = None,
@@ -85,14 +86,24 @@ def autotune(
     """Decorate a plain callable: the winning config's knobs are passed to it as keyword arguments.
 
     ``key`` names the arguments whose values enter the cache key, as with ``triton.autotune``.
-    Compiler hints are passed too when the callable takes them (``num_warps=...``).
+    Compiler hints are passed too when the callable takes them (``num_warps=...``). The op's
+    name is ``name``, else the function's ``__name__``; a caller may not pass a knob itself.
 
     Example::
 
         @autotune([Config({"CHUNK": 64}), Config({"CHUNK": 512})], key=["n"])
         def scale(x, out, n, CHUNK): ...
     """
+    if isinstance(key, str):
+        raise TypeError(f"autotune key must be a list of argument names, got the string {key!r}")
     key_names = tuple(key)
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"autotune name must be a non-empty op name, got {name!r}")
+    if default is not None and not isinstance(default, Config):
+        raise TypeError(f"autotune default must be a Config, got {type(default).__name__}")
+    if not callable(configs):
+        configs = list(configs)
+    knob_names = frozenset() if callable(configs) else frozenset(k for c in configs for k in getattr(c, "kwargs", {}))
 
     def wrap(fn: Callable[..., Any]) -> Any:
         sig = inspect.signature(fn)
@@ -104,6 +115,9 @@ def autotune(
 
         def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
             bound = sig.bind_partial(*args, **kwargs)
+            passed = sorted(knob_names & set(bound.arguments))
+            if passed:
+                raise TypeError(f"{fn.__name__}: {passed} are tuned knobs; the autotuner passes them, not the caller")
             bound.apply_defaults()
             return {k: bound.arguments[k] for k in key_names}
 
@@ -112,7 +126,7 @@ def autotune(
 
         from .tuner import Autotuner
 
-        tuner = Autotuner(name or fn.__name__, build, specialize, list(configs),
+        tuner = Autotuner(name if name is not None else fn.__name__, build, specialize, configs,
                           (lambda spec: default) if default is not None else None,
                           arg_names=arg_names, **options)
         functools.update_wrapper(tuner, fn)

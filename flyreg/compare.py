@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -42,4 +43,14 @@ def mismatch(out: Any, ref: Any, where: str = "output") -> str | None:
             if why:
                 return why
         return None
+    if isinstance(ref, Mapping):
+        if not isinstance(out, Mapping) or set(out) != set(ref):
+            return f"{where} is not a mapping with keys {sorted(map(str, ref))}"
+        for k in ref:
+            why = mismatch(out[k], ref[k], f"{where}[{k!r}]")
+            if why:
+                return why
+        return None
+    if isinstance(out, torch.Tensor):
+        return f"{where} is a tensor, expected {type(ref).__name__} {ref!r}"
     return None if out == ref else f"{where} is {out!r}, expected {ref!r}"

@@ -12,6 +12,15 @@ JSONScalar = Union[str, int, float, bool, None]
 
 #: Compiler hints that every backend understands; others (waves_per_eu, ...) pass through.
 STANDARD_HINTS = ("num_warps", "num_stages", "maxnreg")
+#: Names the constructor takes for itself, so no hint can be called so.
+_RESERVED_HINTS = frozenset({"kwargs", "pre_hook"})
+
+Items = tuple[tuple[str, JSONScalar], ...]
+
+
+def typed(items: Items) -> tuple[tuple[str, str, JSONScalar], ...]:
+    """``items`` with each value's type: ``1``, ``1.0`` and ``True`` read back from JSON as different values."""
+    return tuple((k, type(v).__name__, v) for k, v in items)
 
 
 def check_scalar(value: object, what: str) -> JSONScalar:
@@ -25,7 +34,7 @@ def check_scalar(value: object, what: str) -> JSONScalar:
     raise TypeError(f"{what} must be a JSON scalar (str, int, float, bool or None), got {type(value).__name__} {value!r}")
 
 
-def _freeze(mapping: Mapping[str, Any] | None, what: str) -> tuple[tuple[str, JSONScalar], ...]:
+def _freeze(mapping: Mapping[str, Any] | None, what: str) -> Items:
     if mapping is None:
         return ()
     if not isinstance(mapping, Mapping):
@@ -46,13 +55,17 @@ class Config:
     ``.kwargs``) and its compiler hints (``num_warps``, ``num_stages``, ``maxnreg`` and any
     backend-specific hint such as ``waves_per_eu``; read them as ``.hints``).
 
-    ``pre_hook`` is an optional callable run before each launch with this config. It is
-    never persisted: it is left out of JSON, of equality and of hashing, so a config read
-    back from a cache or an artifact has no ``pre_hook``.
+    ``pre_hook`` is an optional callable run before each launch with this config (outside
+    the timed region during a search), given the call's arguments by name. It is never
+    persisted: it is left out of JSON, of equality and of hashing; a config read back from a
+    cache or an artifact gets it again from the equal candidate config of its op.
+
+    Values compare with their JSON type: ``Config({"A": 1})``, ``Config({"A": 1.0})`` and
+    ``Config({"A": True})`` are three different configs, as their JSON texts are.
     """
 
-    knobs: tuple[tuple[str, JSONScalar], ...]
-    hint_items: tuple[tuple[str, JSONScalar], ...]
+    knobs: Items = attrs.field(eq=typed)
+    hint_items: Items = attrs.field(eq=typed)
     pre_hook: Callable[..., Any] | None = attrs.field(default=None, eq=False)
 
     def __init__(
@@ -66,14 +79,21 @@ class Config:
         **backend_hints: Any,
     ) -> None:
         hints = {"num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg, **backend_hints}
-        hints = {k: v for k, v in hints.items() if v is not None}
+        self._setup(kwargs, hints, pre_hook)
+
+    def _setup(self, kwargs: Mapping[str, Any] | None, hints: Mapping[str, Any],
+               pre_hook: Callable[..., Any] | None) -> None:
         knobs = _freeze(kwargs, "Config kwargs")
-        clash = set(dict(knobs)) & set(hints)
+        hint_items = _freeze({k: v for k, v in hints.items() if v is not None}, "Config hints")
+        clash = set(dict(knobs)) & set(dict(hint_items))
         if clash:
             raise ValueError(f"Config: {sorted(clash)} given both as a knob and as a compiler hint")
+        reserved = _RESERVED_HINTS & set(dict(hint_items))
+        if reserved:
+            raise ValueError(f"Config: {sorted(reserved)} cannot be compiler hint names")
         if pre_hook is not None and not callable(pre_hook):
             raise TypeError(f"Config pre_hook must be callable, got {type(pre_hook).__name__}")
-        self.__attrs_init__(knobs, _freeze(hints, "Config hints"), pre_hook)
+        self.__attrs_init__(knobs, hint_items, pre_hook)
 
     @property
     def kwargs(self) -> dict[str, JSONScalar]:
@@ -89,7 +109,7 @@ class Config:
         """Knobs and hints together, as Triton's ``Config.all_kwargs`` returns them."""
         return {**dict(self.knobs), **dict(self.hint_items)}
 
-    def structural(self, names: tuple[str, ...] | None) -> tuple[tuple[str, JSONScalar], ...]:
+    def structural(self, names: tuple[str, ...] | None) -> Items:
         """The knobs that change the built code; ``None`` means every knob."""
         if names is None:
             return self.knobs
@@ -111,8 +131,9 @@ class Config:
         hints = data.get("hints", {})
         if not isinstance(kwargs, Mapping) or not isinstance(hints, Mapping):
             raise TypeError("config 'kwargs' and 'hints' must be JSON objects")
-        _freeze(hints, "config hints")
-        return cls(dict(kwargs), **dict(hints))
+        config = cls.__new__(cls)
+        config._setup(kwargs, hints, None)
+        return config
 
     def __repr__(self) -> str:
         parts = [f"{k}={v!r}" for k, v in (*self.knobs, *self.hint_items)]

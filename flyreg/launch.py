@@ -3,26 +3,35 @@
 from __future__ import annotations
 
 import inspect
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import Config
 
 
+class LaunchSignatureError(TypeError):
+    """A call's arguments cannot reach the launch callable (a usage error, not a failing config)."""
+
+
+ArgsFn = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+
+
 class Launcher:
     """A launch callable bound to one config and one call signature.
 
     ``call`` zeroes the ``reset_to_zero`` tensors and runs the config's ``pre_hook`` first;
-    ``raw`` only launches (the search does the zeroing outside its timed region).
+    ``raw`` only launches and ``pre`` only runs the ``pre_hook`` (None without one): the
+    search zeroes and runs the hook outside its timed region.
     """
 
-    __slots__ = ("config", "call", "raw")
+    __slots__ = ("config", "call", "raw", "pre")
 
-    def __init__(self, config: Config, call: Callable[[tuple[Any, ...], dict[str, Any]], Any],
-                 raw: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+    def __init__(self, config: Config, call: ArgsFn, raw: ArgsFn, pre: ArgsFn | None = None) -> None:
         self.config = config
         self.call = call
         self.raw = raw
+        self.pre = pre
 
 
 def _params(launch: Callable[..., Any]) -> tuple[int | None, set[str] | None]:
@@ -56,8 +65,8 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
     if n_pos is not None and len(args) > n_pos:
         i = n_pos
         name = arg_names[i] if i < len(arg_names) else f"#{i}"
-        raise TypeError(
-            f"{op}: argument {name!r} (position {i}, value {args[i]!r}) is passed positionally, but the "
+        raise LaunchSignatureError(
+            f"{op}: argument {name!r} (position {i}, value {reprlib.repr(args[i])}) is passed positionally, but the "
             f"launch callable takes {n_pos} positional argument(s); pass build-only scalars by keyword"
         )
     drop = frozenset() if names is None else frozenset(k for k in kwargs if k not in names)
@@ -76,7 +85,14 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
                 kw = {k: v for k, v in kw.items() if k not in drop}
             return launch(*a, **kw, **extra)
 
-    if not reset_pos and not reset_kw and pre_hook is None:
+    pre = None
+    if pre_hook is not None:
+        def pre(a: tuple[Any, ...], kw: dict[str, Any]) -> None:
+            named = {(arg_names[i] if i < len(arg_names) else f"arg{i}"): v for i, v in enumerate(a)}
+            named.update(kw)
+            pre_hook(named)
+
+    if not reset_pos and not reset_kw and pre is None:
         return Launcher(config, raw, raw)
 
     def call(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
@@ -84,10 +100,8 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
             a[i].zero_()
         for k in reset_kw:
             kw[k].zero_()
-        if pre_hook is not None:
-            named = {(arg_names[i] if i < len(arg_names) else f"arg{i}"): v for i, v in enumerate(a)}
-            named.update(kw)
-            pre_hook(named)
+        if pre is not None:
+            pre(a, kw)
         return raw(a, kw)
 
-    return Launcher(config, call, raw)
+    return Launcher(config, call, raw, pre)

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -90,12 +91,16 @@ def _value_part(value: JSONScalar) -> str:
     return f"{part}-{_tag(value)}" if literal and part == value else part
 
 
+def lookup_key(op: str, spec: Mapping[str, JSONScalar], device_name: str) -> ParsedName:
+    """The filename parts of ``(op, spec, device)``: what :func:`parse_filename` reads back."""
+    axes = {name_part(k): _value_part(v) for k, v in canonical_spec(spec).items()}
+    return name_part(op), axes, name_part(device_name)
+
+
 def artifact_filename(op: str, spec: Mapping[str, JSONScalar], device_name: str) -> str:
     """``op,<axis>=<value>,...,device_name=<name>.json``: axes sorted, ASCII ``[A-Za-z0-9._=,-]`` only."""
-    parts = [name_part(op)]
-    parts += [f"{name_part(k)}={_value_part(v)}" for k, v in canonical_spec(spec).items()]
-    parts.append(f"device_name={name_part(device_name)}")
-    return ",".join(parts) + ".json"
+    op_part, axes, device_part = lookup_key(op, spec, device_name)
+    return ",".join([op_part, *(f"{k}={v}" for k, v in axes.items()), f"device_name={device_part}"]) + ".json"
 
 
 def parse_filename(name: str) -> ParsedName | None:
@@ -186,7 +191,10 @@ class Artifact:
 def load_artifact(path: Path) -> Artifact:
     """Parse and check one artifact file; raises :class:`ArtifactError` on anything malformed."""
     try:
-        if path.stat().st_size > MAX_ARTIFACT_BYTES:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError("not a regular file")
+        if info.st_size > MAX_ARTIFACT_BYTES:
             raise ArtifactError(f"larger than {MAX_ARTIFACT_BYTES} bytes")
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:
@@ -283,22 +291,22 @@ class OfflineStore:
         then the nearest spec along ``ordered_axes``. Never across architectures.
         """
         spec = canonical_spec(spec)
-        want_op = name_part(self.op)
-        want_axes = {name_part(k): _value_part(v) for k, v in spec.items()}
-        want_dev = name_part(device.name)
+        dirs = self.dirs()
+        exact = artifact_filename(self.op, spec, device.name)
+        for d in dirs:
+            if exact in index(d):
+                art = self._usable(d / exact, spec, device, accepts, same_product=True)
+                if art is not None:
+                    return self._hit(art, device, nearest=False)
+        want_op, want_axes, want_dev = lookup_key(self.op, spec, device.name)
         same: list[tuple[Path, str]] = []
         near: list[tuple[tuple[bool, float, int, str], Path, str]] = []
-        for rank, d in enumerate(self.dirs()):
+        for rank, d in enumerate(dirs):
             for fname, (op, axes, dev) in sorted(index(d).items()):
-                if op != want_op:
+                if op != want_op or fname == exact:
                     continue
                 if axes == want_axes:
-                    if dev == want_dev:
-                        art = self._usable(d / fname, spec, device, accepts, same_product=True)
-                        if art is not None:
-                            return self._hit(art, device, nearest=False)
-                    else:
-                        same.append((d, fname))
+                    same.append((d, fname))
                 elif self.ordered_axes:
                     dist = self._distance(axes, want_axes, spec)
                     if dist is not None:

@@ -17,7 +17,6 @@ from .config import Config, JSONScalar
 #: The keys ``describe()`` may return.
 DESCRIBE_KEYS = frozenset({"description", "version", "structural", "restore_value", "reset_to_zero",
                            "ordered_axes", "config_dir", "key_env", "arg_names"})
-_DESCRIBE_KEYS = DESCRIBE_KEYS  # backward-compatible alias
 
 
 class PluginError(Exception):
@@ -92,8 +91,9 @@ def _check_arg_names(name: str, obj: object) -> None:
     """Raise a one-line :class:`PluginError` for a hook taking an argument its spec lacks (``build(cfg, spec)``)."""
     for hook in (*hookspecs.REQUIRED_HOOKS, *hookspecs.OPTIONAL_HOOKS):
         fn = getattr(obj, hook, None)
-        if fn is None or not hasattr(fn, f"{hookspecs.PROJECT}_impl"):
-            continue
+        opts = getattr(fn, f"{hookspecs.PROJECT}_impl", None)
+        if not isinstance(opts, dict) or opts.get("specname") not in (None, hook):
+            continue  # not a hook implementation, or one of another hook (pluggy validates those)
         have, want = _required_params(fn), _required_params(getattr(hookspecs, hook))
         if have is None or want is None:
             continue

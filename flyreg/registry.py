@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,11 @@ def disabled_ops() -> set[str]:
     return {n.strip() for n in os.environ.get("FLYREG_DISABLE_OPS", "").split(",") if n.strip()}
 
 
+def _canonical(distribution: str) -> str:
+    """A distribution name as packaging normalizes it (``My_Kernels`` is ``my-kernels``)."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
 def _group_entry_points() -> Iterable[Any]:
     # Looked up at call time so tests can monkeypatch importlib.metadata.entry_points.
     return importlib.metadata.entry_points(group=GROUP)
@@ -90,7 +96,7 @@ class Registry:
                     entry = _Entry(ep.name, getattr(dist, "name", None) or "?",
                                    getattr(dist, "version", None) or "?", ep.load)
                     same = by_name.setdefault(ep.name, [])
-                    if all(e.distribution != entry.distribution for e in same):
+                    if all(_canonical(e.distribution) != _canonical(entry.distribution) for e in same):
                         same.append(entry)  # the same distribution seen twice on sys.path counts once
                 entries: dict[str, _Entry] = {}
                 for name, found in by_name.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,6 +11,7 @@ from ._fileio import warn_once
 from .bench import BenchResult, do_bench
 from .compare import mismatch
 from .config import Config, JSONScalar
+from .launch import LaunchSignatureError
 
 if TYPE_CHECKING:
     from .tuner import Autotuner, TuneReport
@@ -25,6 +27,17 @@ def _tensors(tuner: Autotuner, names: tuple[str, ...], named: dict[str, Any], wh
             raise TypeError(f"{tuner.name}: {what} names {n!r}, which is {type(named[n]).__name__}, not a tensor")
         out[n] = named[n]
     return out
+
+
+def _detach(value: Any) -> Any:
+    """A copy of ``value``'s tensors, so restoring or zeroing the inputs cannot change it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach(v) for v in value) if type(value) in (tuple, list) else [_detach(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value
 
 
 def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_band: float) -> tuple[Config, float]:
@@ -59,7 +72,7 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     ref = None
     if tuner._reference is not None:
         setup()
-        ref = tuner._reference(args, kwargs)
+        ref = _detach(tuner._reference(args, kwargs))  # it may return an input it updated in place
     timed: list[tuple[Config, BenchResult]] = []
     failed: list[tuple[Config, str]] = []
     rejected: list[tuple[Config, str]] = []
@@ -67,16 +80,19 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
         for config in cands:
             try:
                 launcher = tuner._bind(config, spec, args, kwargs)
+                prepare = _with_pre_hook(setup, launcher.pre, args, kwargs)
                 if ref is not None:
-                    setup()
+                    prepare()
                     why = mismatch(launcher.raw(args, kwargs), ref)
                     if why:
                         rejected.append((config, why))
                         warn_once(f"flyreg: {tuner.name}: config {config} rejected on spec {spec}: wrong result ({why})")
                         continue
-                result = do_bench(lambda: launcher.raw(args, kwargs), tuner.warmup, tuner.rep, setup=setup,
+                result = do_bench(lambda: launcher.raw(args, kwargs), tuner.warmup, tuner.rep, setup=prepare,
                                   device=device if device is not None else "cpu", cuda_graph=tuner.cuda_graph)
                 tuner.stats.benchmarks += 1
+            except LaunchSignatureError:  # the call is wrong, not the config
+                raise
             except Exception as e:  # a failing candidate is skipped, never fatal
                 failed.append((config, f"{type(e).__name__}: {e}"))
                 warn_once(f"flyreg: {tuner.name}: config {config} failed on spec {spec}: {type(e).__name__}: {e}")
@@ -90,3 +106,16 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     winner, winner_ms = pick_winner(timed, default, tuner.tie_band)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
+
+
+def _with_pre_hook(setup: Callable[[], None], pre: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None,
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], None]:
+    """``setup`` followed by the config's ``pre_hook`` on the call's arguments, when it has one."""
+    if pre is None:
+        return setup
+
+    def prepare() -> None:
+        setup()
+        pre(args, kwargs)
+
+    return prepare

@@ -13,9 +13,8 @@ import torch
 
 from . import cache
 from ._fileio import warn_once
-from .bench import BenchResult, do_bench
+from .bench import BenchResult, check_counts
 from .builder import BUILD_CACHE, BuildCache, BuildFn
-from .compare import mismatch
 from .config import Config, JSONScalar
 from .keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
 from .launch import Launcher, bind_launcher
@@ -126,6 +125,10 @@ class Autotuner:
             raise TypeError(f"{name}: configs must be a list of Config or a callable of the spec")
         if not 0 <= tie_band < 1:
             raise ValueError(f"{name}: tie_band must be in [0, 1), got {tie_band!r}")
+        try:
+            check_counts(warmup, rep)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
         self.name = name
         self._build = build
         self._specialize = specialize
@@ -203,8 +206,9 @@ class Autotuner:
             return attrs.evolve(res, source="memory"), spec
         res = None
         forced = autotune_forced()
-        if not forced:
-            res = self._from_disk(pkey, spec) or self._from_offline(spec, ident) or self._from_default(spec)
+        if not forced:  # with emission on, a miss is searched (and emitted) rather than defaulted
+            res = self._from_disk(pkey, spec) or self._from_offline(spec, ident)
+            res = res or (None if self.emit else self._from_default(spec))
         if res is None:
             res = self._search(spec, args, kwargs, named, device, ident, pkey, emit=forced or self.emit)
         self._resolved[pkey] = res
@@ -215,14 +219,25 @@ class Autotuner:
         res = self._by_spec.get((_spec_key(spec), ident))
         return attrs.evolve(res, source="memory") if res is not None else None
 
+    def _known(self, spec: dict[str, JSONScalar]) -> list[Config]:
+        """The configs this op offers for ``spec``: its candidates, then its default."""
+        known = self._candidates(spec)
+        default = self._from_default(spec)
+        return [*known, default.config] if default is not None else known
+
     def _accepts(self, config: Config, spec: dict[str, JSONScalar]) -> str | None:
         """Why ``config`` (read from a file) is not one this op takes for ``spec``, or None."""
-        known = [c.kwargs.keys() for c in self._candidates(spec)]
-        if self._default is not None:
-            known.append(self._default(spec).kwargs.keys())
-        if known and not any(set(config.kwargs) == set(k) for k in known):
-            return f"its knobs {sorted(config.kwargs)} are not this op's {sorted(set().union(*known))}"
-        return None
+        known = self._known(spec)
+        if not known or config in known:
+            return None
+        names = [c.kwargs.keys() for c in known]
+        if not any(set(config.kwargs) == set(k) for k in names):
+            return f"its knobs {sorted(config.kwargs)} are not this op's {sorted(set().union(*names))}"
+        return f"it is not among this op's {len(known)} configs for spec {spec}"
+
+    def _canonical(self, config: Config, spec: dict[str, JSONScalar]) -> Config:
+        """The op's own config equal to ``config`` (read from a file), which carries its ``pre_hook``."""
+        return next((c for c in self._known(spec) if c == config), config)
 
     def _from_disk(self, pkey: str, spec: dict[str, JSONScalar]) -> Resolution | None:
         entry = cache.load(self.name).get(pkey)
@@ -250,14 +265,14 @@ class Autotuner:
         if why:
             warn_once(f"flyreg: {self.name}: ignoring cached config {config} in {path}: {why}")
             return None
-        return Resolution(config, "cache", spec, "cache", path=str(path))
+        return Resolution(self._canonical(config, spec), "cache", spec, "cache", path=str(path))
 
     def _from_offline(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
         hit = self.offline.lookup(spec, ident, accepts=lambda c: self._accepts(c, spec))
         if hit is None:
             return None
-        return Resolution(hit.config, "offline", spec, "offline", path=str(hit.path), stale=hit.stale,
-                          nearest=hit.nearest)
+        return Resolution(self._canonical(hit.config, spec), "offline", spec, "offline", path=str(hit.path),
+                          stale=hit.stale, nearest=hit.nearest)
 
     def _from_default(self, spec: dict[str, JSONScalar]) -> Resolution | None:
         if self._default is None:
@@ -323,7 +338,6 @@ class Autotuner:
         if emit:
             artifact = str(emit_artifact(self.name, spec, ident, report.winner, self.version,
                                          report.winner_ms, report.default_ms, out_dir))
-            self.offline.forget_index()
         self.reports[pkey] = attrs.evolve(report, artifact=artifact)
         return Resolution(report.winner, "search", spec, "search", path=artifact)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -54,7 +55,8 @@ def check_artifacts(
 def _check_one(path: Path, known_ops: Mapping[str, str] | None) -> list[Problem]:
     if parse_filename(path.name) is None:
         hint = "hidden files are" if path.name.startswith(".") else "the name is"
-        return [Problem(path, "error", f"lookup never reads it: {hint} not op,<axis>=<value>,...,device_name=<name>.json")]
+        return [Problem(path, "error",
+                        f"lookup never reads it: {hint} not op,<axis>=<value>,...,device_name=<name>.json")]
     try:
         art = load_artifact(path)
     except ArtifactError as e:
@@ -68,10 +70,10 @@ def _check_one(path: Path, known_ops: Mapping[str, str] | None) -> list[Problem]
     current = fingerprint(known_ops[art.op]) if known_ops is not None and art.op in known_ops else None
     if known_ops is not None and current is None:
         found.append(Problem(path, "error", f"unknown op {art.op!r} (known: {', '.join(sorted(known_ops)) or 'none'})"))
-    have = art.provenance.get("toolchain")
-    if current is None:
+    have: dict[str, Any] = dict(art.provenance["toolchain"])  # load_artifact checked it is an object
+    if current is None:  # no op version to compare: the shared part of the toolchain only
         current = dict(toolchain())
-        have = {k: v for k, v in have.items() if k != "op"} if isinstance(have, dict) else have
+        have.pop("op", None)
     if have != current:
         changed = sorted(k for k in set(have) | set(current) if have.get(k) != current.get(k))
         found.append(Problem(path, "stale", f"tuned with another toolchain ({', '.join(changed)} differ: "

@@ -410,15 +410,18 @@ def test_triton_space(spec: dict[str, Any]) -> None:
     assert default in configs
 
 
-@pytest.mark.parametrize(("N", "warps"), [(1024, 2), (4096, 8), (8192, 8), (16384, 16)])
-def test_triton_default_matches_measured_warps(N: int, warps: int) -> None:
-    d = space.triton_default({"N": N, "dtype": "bfloat16", "M": 4096})
+@pytest.mark.parametrize(("N", "M", "warps"), [(1024, 256, 2), (4096, 4096, 8), (8192, 4096, 8), (16384, 4096, 16)])
+def test_triton_default_matches_measured_warps(N: int, M: int, warps: int) -> None:
+    """The one-row kernel's best num_warps as measured on the H200."""
+    d = space.triton_default({"N": N, "dtype": "bfloat16", "M": M})
     assert d.kwargs == {"BLOCK_N": N, "ROWS": 1} and d.hints["num_warps"] == warps
 
 
 def test_triton_default_tiles_small_rows() -> None:
     assert space.triton_default({"N": 128, "dtype": "bfloat16", "M": 32768}).kwargs["ROWS"] > 1
+    assert space.triton_default({"N": 1024, "dtype": "bfloat16", "M": 4096}).kwargs["ROWS"] == 2
     assert space.triton_default({"N": 128, "dtype": "bfloat16", "M": 32}).kwargs["ROWS"] == 1
+    assert space.triton_default({"N": 32768, "dtype": "bfloat16", "M": 4096}).kwargs["BLOCK_N"] == 32768
     chunked = space.triton_default({"N": 65536, "dtype": "bfloat16", "M": 4096})
     assert chunked.kwargs["BLOCK_N"] < 65536
 

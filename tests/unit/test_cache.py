@@ -175,3 +175,12 @@ def test_concurrent_processes_lose_no_entries() -> None:
     assert sorted(entries) == sorted(f"w{w}-{i}" for w in range(workers) for i in range(per_worker))
     assert all(e["worker"] == int(k[1]) for k, e in entries.items())
     assert reads > 0
+
+
+def test_warn_once_per_key() -> None:
+    with pytest.warns(FlyregWarning) as record:
+        for _ in range(3):
+            _fileio.warn_once("flyreg: the same problem")
+        _fileio.warn_once("flyreg: keyed", key="k")
+        _fileio.warn_once("flyreg: keyed again", key="k")
+    assert [str(w.message) for w in record] == ["flyreg: the same problem", "flyreg: keyed"]

@@ -185,3 +185,13 @@ def test_steady_state_calls_no_hooks_and_no_io(monkeypatch: pytest.MonkeyPatch, 
     assert (rec.specialize, rec.configs, rec.default, len(rec.builds)) == counts
     assert len(rec.launches) == launched + 100
     assert torch.equal(out, x * 2)
+
+
+def test_emit_option_searches_a_miss_even_with_a_default(isolated_dirs: dict[str, Path]) -> None:
+    tuner, _ = double_op("emitting_default", default=DEFAULT, emit=True)
+    assert tuner.resolve(*inputs()).source == "search"
+    (report,) = tuner.reports.values()
+    assert report.artifact is not None and Path(report.artifact).is_file()
+    again, _ = double_op("emitting_default", default=DEFAULT, emit=True)
+    assert again.resolve(*inputs()).source == "cache"  # a hit is no miss: nothing searched
+    assert again.stats.searches == 0

@@ -343,7 +343,8 @@ def test_env_dir_beats_user_dir_beats_plugin_dir(isolated_dirs: dict[str, Path],
     store = OfflineStore(OP, [plugin], (), "0")
     assert store.dirs()[:3] == [isolated_dirs["configs"], user, plugin]
     write_artifact(plugin, Config({"CHUNK": 16}))
-    assert make_tuner(config_dirs=[plugin]).resolve_spec(SPEC).path == str(plugin / artifact_filename(OP, SPEC, CPU.name))
+    in_plugin = plugin / artifact_filename(OP, SPEC, CPU.name)
+    assert make_tuner(config_dirs=[plugin]).resolve_spec(SPEC).path == str(in_plugin)
     offline._index.clear()
     write_artifact(user, Config({"CHUNK": 256}))
     assert make_tuner(config_dirs=[plugin]).resolve_spec(SPEC).config == Config({"CHUNK": 256})
@@ -595,3 +596,25 @@ def test_emitted_specs_find_themselves_and_only_themselves(op: str, spec: dict[s
     with warnings.catch_warnings():
         warnings.simplefilter("error", FlyregWarning)
         assert (store.lookup(other, CPU, lambda c: None) == hit) == same
+
+
+def test_non_regular_and_misnamed_files_warn(isolated_dirs: dict[str, Path]) -> None:
+    configs = isolated_dirs["configs"]
+    exact = artifact_filename(OP, SPEC, CPU.name)
+    os.mkfifo(configs / exact)  # reading it would block forever
+    with pytest.warns(FlyregWarning, match="not a regular file"):
+        assert make_tuner().resolve_spec(SPEC).source == "default"
+    (configs / exact).unlink()
+    path = write_artifact(configs, Config({"CHUNK": 4096}))
+    misordered = configs / f"{OP},dtype=float32,N={N},device_name={CPU.name}.json"  # axes not sorted
+    path.rename(misordered)
+    offline._index.clear()
+    with pytest.warns(FlyregWarning, match="not what its filename says"):
+        assert make_tuner().resolve_spec(SPEC).source == "default"
+
+
+def test_config_value_outside_the_ops_space_is_not_served(isolated_dirs: dict[str, Path]) -> None:
+    write_artifact(isolated_dirs["configs"], Config({"CHUNK": "huge"}))  # right knob, a value no build takes
+    with pytest.warns(FlyregWarning, match="rejected"):
+        res = make_tuner().resolve_spec(SPEC)
+    assert (res.source, res.config) == ("default", DEFAULT)

@@ -384,7 +384,7 @@ def test_duplicate_name_across_distributions_names_both(use_registry: Callable[.
 
 
 def test_same_distribution_twice_on_the_path_is_not_a_duplicate(use_registry: Callable[..., Registry]) -> None:
-    use_registry(ep("scale", RowScale(), "flyreg-alpha"), ep("scale", RowScale(), "flyreg-alpha"))
+    use_registry(ep("scale", RowScale(), "flyreg-alpha"), ep("scale", RowScale(), "Flyreg_Alpha"))
     assert [(i.name, i.status) for i in flyreg.ops()] == [("scale", "ok")]
 
 
@@ -629,3 +629,13 @@ def test_optional_hooks_through_the_facade(empty_registry: Registry) -> None:
     with pytest.raises(PluginError, match=r"make_inputs\(\) returned None"):
         bare_plugin.make_inputs({"N": 1}, "cpu")
 
+
+
+def test_specname_implementations_are_checked_against_their_own_hook(empty_registry: Registry) -> None:
+    class Renamed(WithoutOptional):
+        @hookimpl(specname="describe")
+        def facts(self) -> dict[str, Any]:
+            return {"description": "renamed"}
+
+    flyreg.register(Renamed(), name="renamed")
+    assert flyreg.ops()[0].description == "renamed"

@@ -14,7 +14,7 @@ import flyreg
 from flyreg import Config
 from flyreg.builder import BuildCache
 from flyreg.keys import DeviceIdentity, fingerprint, identity_of
-from flyreg.offline import emit_artifact
+from flyreg.offline import artifact_filename, emit_artifact
 from flyreg.validate import Problem, check_artifacts
 
 OP = "validate_sum"
@@ -149,3 +149,13 @@ def test_missing_directory_is_reported_not_raised(tmp_path: Path, tuned: Path) -
     problems = check_artifacts([tmp_path / "nope", tuned.parent], {OP: "0"})
     assert [(p.path, p.severity) for p in problems] == [(tmp_path / "nope", "error")]
     assert str(problems[0]).startswith(f"{tmp_path / 'nope'}: error: ")
+
+
+def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: Path) -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "autotune_guide.md").read_text()
+    block = guide.split("```json\n", 1)[1].split("```", 1)[0]
+    data = json.loads(block)
+    name = artifact_filename(data["op"], data["spec"], data["device"]["name"])
+    assert f"`{name}`" in guide
+    (tmp_path / name).write_text(block)
+    assert [p.severity for p in check_artifacts([tmp_path], {"rmsnorm": "1"})] in ([], ["stale"])
