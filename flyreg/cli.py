@@ -91,8 +91,9 @@ def list_ops(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"device": ident.to_json(), "ops": rows}, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from .tune_jobs import make_console
 
     table = Table(title=f"flyreg ops (device: {ident.name}, {ident.arch})")
     for col in ("op", "distribution", "status", "description", "structural", "artifacts"):
@@ -101,7 +102,7 @@ def list_ops(as_json: bool) -> None:
         status = r["status"] if r["status"] != "broken" else f"broken: {r['error']}"
         table.add_row(r["op"], f"{r['distribution']} {r['version']}", status, r["description"],
                       ", ".join(r["structural"] or []) or "all knobs", str(r["artifacts"]))
-    Console().print(table)
+    make_console().print(table)
 
 
 @cli.command()

@@ -9,8 +9,8 @@ from typing import Any
 
 import attrs
 
-from .keys import DeviceIdentity, identity_of, normalize_spec, sanitize
-from .offline import OfflineStore, artifact_filename, emit_dir, index, load_artifact
+from .keys import DeviceIdentity, identity_of, normalize_spec
+from .offline import OfflineStore, artifact_filename, emit_dir, index, load_artifact, name_part
 
 
 @attrs.define
@@ -29,7 +29,7 @@ def count_artifacts(op: str, device: DeviceIdentity, plugin_dirs: Iterable[Path]
     names: set[str] = set()
     for d in OfflineStore(op, [str(p) for p in plugin_dirs], (), "0").dirs():
         for fname, (fop, _axes, dev) in index(d).items():
-            if fop == sanitize(op) and dev == sanitize(device.name):
+            if fop == name_part(op) and dev == name_part(device.name):
                 names.add(fname)
     return len(names)
 
@@ -85,11 +85,10 @@ def _tune_one(job: Job, device: str, out: Path | None) -> None:
 
 def run_jobs(jobs: list[Job], device: str, out: Path | None, dry_run: bool) -> int:
     """Run the jobs with a progress bar and print the summary; returns the exit code."""
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    console = Console(stderr=False)
+    console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]
     if dry_run:
         for j in jobs:
@@ -119,6 +118,14 @@ def run_jobs(jobs: list[Job], device: str, out: Path | None, dry_run: bool) -> i
     return 1 if any(j.error for j in jobs) else 0
 
 
+def make_console() -> Any:
+    """A rich console; wide enough for the summary when the output is not a terminal."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
 def _summary(console: Any, jobs: list[Job], device: str) -> None:
     from rich.table import Table
 
@@ -134,5 +141,6 @@ def _summary(console: Any, jobs: list[Job], device: str) -> None:
             table.add_row(j.op, spec, repr(r.winner), f"{r.winner_ms * 1e3:.1f}", speedup, str(r.tried),
                           str(len(r.failed) + len(r.rejected)), Path(r.artifact).name if r.artifact else "")
         else:
-            table.add_row(j.op, spec, "", "", "", "", "", j.error or f"skipped: {j.skip}")
+            state = j.error or (f"skipped: {j.skip}" if j.skip else "not run (interrupted)")
+            table.add_row(j.op, spec, "", "", "", "", "", state)
     console.print(table)

@@ -465,6 +465,19 @@ def test_gpu_every_config(M: int, N: int, dtype: torch.dtype, poison: None) -> N
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("N", [16384, 20000, 32768, 65536, 100_000])
+def test_gpu_wide_rows_default(N: int, dtype: torch.dtype, poison: None) -> None:
+    backend = _triton_backend()
+    config = space.triton_default({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": 32})
+    x = randn((3, N), dtype, N, "cuda")
+    w = randn((N,), dtype, N + 1, "cuda")
+    check_rmsnorm(backend, config, x, w)
+    check_fused(backend, config, x, randn((3, N), dtype, N + 2, "cuda"), w)
+
+
+@gpu
+@needs_cuda
 def test_gpu_int64_row_offsets() -> None:
     """Rows 2**31 elements apart: row offsets overflow int32."""
     backend = _triton_backend()
