@@ -27,6 +27,10 @@ class TuneError(RuntimeError):
     """No candidate config of an op could run correctly on a spec."""
 
 
+class GraphCaptureError(RuntimeError):
+    """Only a search could serve this call, and a CUDA graph is being captured, where flyreg never searches."""
+
+
 def autotune_forced() -> bool:
     """True when ``FLYREG_AUTOTUNE`` asks for a fresh search of every new key."""
     return os.environ.get("FLYREG_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
@@ -87,6 +91,8 @@ class Autotuner:
     On a call: in-memory -> scratch disk cache -> offline artifact -> heuristic default ->
     full search. ``FLYREG_AUTOTUNE=1`` skips everything but the search for each new key and
     re-writes its results. The steady-state call builds a key, looks it up and launches.
+    A new key met while a CUDA graph is being captured gets cache -> offline -> default and a
+    one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``).
     """
 
     def __init__(
@@ -206,7 +212,9 @@ class Autotuner:
             return attrs.evolve(res, source="memory"), spec
         res = None
         forced = autotune_forced()
-        if not forced:  # with emission on, a miss is searched (and emitted) rather than defaulted
+        if capturing(device):  # a search would benchmark and synchronize inside the capture
+            res = self._resolve_in_capture(spec, pkey, ident, forced)
+        elif not forced:  # with emission on, a miss is searched (and emitted) rather than defaulted
             res = self._from_disk(pkey, spec) or self._from_offline(spec, ident)
             res = res or (None if self.emit else self._from_default(spec))
         if res is None:
@@ -214,6 +222,25 @@ class Autotuner:
         self._resolved[pkey] = res
         self._by_spec[(_spec_key(spec), ident)] = res
         return res, spec
+
+    def _resolve_in_capture(self, spec: dict[str, JSONScalar], pkey: str, ident: DeviceIdentity,
+                            forced: bool) -> Resolution:
+        """A new key's config while a CUDA graph is being captured: cache, offline or default, never a search.
+
+        Warns once per op and spec; raises :class:`GraphCaptureError` when only a search could resolve it.
+        """
+        res = self._from_disk(pkey, spec) or self._from_offline(spec, ident) or self._from_default(spec)
+        if res is None:
+            raise GraphCaptureError(
+                f"{self.name}: spec {spec} was first called while a CUDA graph was being captured, and it has no "
+                f"cached, offline or default config; flyreg never searches during capture (a search benchmarks "
+                f"and synchronizes). Call the op once with these shapes before capture, or ship an offline "
+                f"artifact for it (flyreg tune)")
+        skipped = " (FLYREG_AUTOTUNE=1 ignored)" if forced else " (emission skipped)" if self.emit else ""
+        warn_once(f"flyreg: {self.name}: spec {spec} was first called while a CUDA graph was being captured; "
+                  f"serving the {res.source} config {res.config} with no search{skipped}. Call the op once with "
+                  f"these shapes before capture", key=f"capture:{self.name}:{_spec_key(spec)}")
+        return res
 
     def _memory_by_spec(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
         res = self._by_spec.get((_spec_key(spec), ident))
@@ -312,6 +339,9 @@ class Autotuner:
         device = _device_of(named.values())
         ident = identity_of(device)
         pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
+        if capturing(device):
+            raise GraphCaptureError(f"{self.name}: tune() called while a CUDA graph is being captured; "
+                                    f"tune before capture (a search benchmarks and synchronizes)")
         res = self._search(spec, args, kwargs, named, device, ident, pkey, emit=emit, out_dir=out_dir)
         self._resolved[pkey] = res
         self._by_spec[(_spec_key(spec), ident)] = res
@@ -348,6 +378,17 @@ def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
     except (TypeError, ValueError):
         return ()
     return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def capturing(device: Any) -> bool:
+    """True while the current CUDA stream of ``device`` is capturing a CUDA graph; False off CUDA.
+
+    Asked only when a call's key is not yet resolved in memory, never on the steady-state call.
+    """
+    if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _device_of(values: Iterable[Any]) -> Any:

@@ -67,21 +67,32 @@ class RMSNormOp:
         if spec["backend"] == "triton":
             from . import triton_kernels as tk
 
-            kernel = tk.fused_add_rmsnorm_triton if self.fused else tk.rmsnorm_triton
-            block_n, rows = knobs["BLOCK_N"], knobs["ROWS"]
+            tile = {"BLOCK_N": knobs["BLOCK_N"], "ROWS": knobs["ROWS"]}
+            if self.fused:
+                def fused_launch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                                 num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                    return tk.fused_add_rmsnorm_triton(x, residual, weight, eps, **tile, num_warps=num_warps,
+                                                       num_stages=num_stages)
 
-            def launch(*args: Any, eps: float = 1e-6, num_warps: int | None = None,
+                return fused_launch
+
+            def launch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, num_warps: int | None = None,
                        num_stages: int | None = None) -> torch.Tensor:
-                return kernel(*args, eps, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, num_stages=num_stages)
+                return tk.rmsnorm_triton(x, weight, eps, **tile, num_warps=num_warps, num_stages=num_stages)
 
             return launch
         from . import cpu
 
-        cpu_kernel = cpu.fused_add_rmsnorm_cpu if self.fused else cpu.rmsnorm_cpu
         row_block = knobs["ROW_BLOCK"]
+        if self.fused:
+            def fused_launch_cpu(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                 eps: float = 1e-6) -> torch.Tensor:
+                return cpu.fused_add_rmsnorm_cpu(x, residual, weight, eps, ROW_BLOCK=row_block)
 
-        def launch_cpu(*args: Any, eps: float = 1e-6) -> torch.Tensor:
-            return cpu_kernel(*args, eps, ROW_BLOCK=row_block)
+            return fused_launch_cpu
+
+        def launch_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+            return cpu.rmsnorm_cpu(x, weight, eps, ROW_BLOCK=row_block)
 
         return launch_cpu
 

@@ -1,0 +1,179 @@
+"""Host cost per call of the RMSNorm launch paths on a GPU, in a launch-bound shape (default 1 x 4096 bf16).
+
+Each path is called ``--calls`` times back to back (the GPU keeps up: the kernel takes a few
+microseconds, the host more), synchronized before and after; the time per call is the wall time
+over the calls. Runs alternate between paths, and each path reports the median of ``--runs``.
+Ratios are against (b), the bare Triton launch with the config flyreg serves for this shape.
+
+    python benchmarks/launch_overhead.py [--M 1] [--N 4096] [--dtype bfloat16] [--calls 20000] [--runs 5]
+
+Paths:
+  (a)  flyreg.op("rmsnorm")(x, w), steady state (key resolved, launcher bound)
+  (b)  _rmsnorm_kernel[grid](...), the same kernel and config, output preallocated
+  (b1) torch.empty + _rmsnorm_kernel[grid](...): (b) plus the output allocation (a) makes
+  (b2) rmsnorm_triton(x, w, BLOCK_N=..., ...): (b1) plus the plugin's input checks
+  (c)  the same kernel under triton.autotune over 3 configs, its cache warm, output preallocated
+  (d)  torch.ops.flyreg.rmsnorm(x, w), the torch.library custom op around (a)
+  (d1) the same custom op called through its CustomOpDef object
+  (e)  torch.nn.functional.rms_norm(x, (N,), w, eps)
+
+Needs CUDA and Triton; without a GPU it prints why and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+EPS = 1e-6
+
+
+def _rel_err(out: Any, ref: Any) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
+    """The callables to time, keyed by their row label, and facts about the setup."""
+    import torch
+    import triton
+
+    import flyreg
+    from flyreg_rmsnorm import triton_kernels as tk
+    from flyreg_rmsnorm.torch_ops import register_torch_ops
+
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(M, N, device="cuda", dtype=dtype)
+    w = torch.rand(N, device="cuda", dtype=dtype) + 0.5
+    y = torch.empty_like(x)
+
+    tuner = flyreg.op("rmsnorm")
+    res = tuner.resolve(x, w)
+    block_n, rows = int(res.config.kwargs["BLOCK_N"]), int(res.config.kwargs["ROWS"])
+    hints = {k: v for k, v in res.config.hints.items() if k in ("num_warps", "num_stages")}
+    grid = ((M + rows - 1) // rows,)
+    one_pass = block_n >= N
+    stride = x.stride(0)
+    kernel = tk._rmsnorm_kernel
+
+    def direct() -> Any:
+        kernel[grid](x, w, y, M, N, stride, EPS, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, **hints)
+        return y
+
+    def direct_alloc() -> Any:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        kernel[grid](x, w, out, M, N, stride, EPS, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, **hints)
+        return out
+
+    def wrapper() -> Any:
+        return tk.rmsnorm_triton(x, w, EPS, BLOCK_N=block_n, ROWS=rows, **hints)
+
+    p2 = 1 << max(N - 1, 0).bit_length()
+    auto_configs = [triton.Config({"BLOCK_N": p2, "ROWS": 1}, num_warps=nw) for nw in (4, 8, 16)]
+    auto = triton.autotune(configs=auto_configs, key=["N"])(kernel)
+
+    def autotuned() -> Any:
+        auto[(M,)](x, w, y, M, N, stride, EPS, ONE_PASS=True)
+        return y
+
+    defs = register_torch_ops()
+    packet = torch.ops.flyreg.rmsnorm
+    custom = defs["rmsnorm"]
+
+    fns: dict[str, Callable[[], Any]] = {
+        "(a)  flyreg.op('rmsnorm')(x, w)": lambda: tuner(x, w),
+        "(b)  _rmsnorm_kernel[grid](...) direct": direct,
+        "(b1) torch.empty + _rmsnorm_kernel[grid]": direct_alloc,
+        "(b2) rmsnorm_triton(...) (checks + alloc)": wrapper,
+        "(c)  triton.autotune, 3 configs, warm": autotuned,
+        "(d)  torch.ops.flyreg.rmsnorm(x, w)": lambda: packet(x, w),
+        "(d1) custom op via its CustomOpDef": lambda: custom(x, w),
+        "(e)  torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (N,), w, EPS),
+    }
+    ref = x.double() * torch.rsqrt(x.double().square().mean(-1, keepdim=True) + EPS) * w.double()
+    bad = {}
+    for name, fn in fns.items():
+        err = _rel_err(fn(), ref)  # also compiles, loads and (for c) autotunes, outside the timing
+        if not err < 2e-2:
+            bad[name] = err
+    torch.cuda.synchronize()
+    facts = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "shape": [M, N], "dtype": dtype_name, "flyreg_config": str(res.config), "flyreg_source": res.origin,
+        "wrong_results": bad,
+    }
+    return fns, facts
+
+
+def measure(fns: dict[str, Callable[[], Any]], calls: int, runs: int) -> dict[str, float]:
+    """Median microseconds per call of each path; runs alternate between paths to spread drift."""
+    import torch
+
+    for fn in fns.values():
+        for _ in range(min(calls, 500)):
+            fn()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def table(us: dict[str, float], base: str) -> str:
+    width = max(len(k) for k in us)
+    lines = [f"{'path':<{width}}  {'us/call':>8}  {'vs (b)':>7}  {'- (b) us':>8}", "-" * (width + 31)]
+    for name, v in us.items():
+        lines.append(f"{name:<{width}}  {v:8.2f}  {v / us[base]:6.2f}x  {v - us[base]:+8.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--M", type=int, default=1, help="rows")
+    parser.add_argument("--N", type=int, default=4096, help="columns")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--calls", type=int, default=20000, help="calls per timed run")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per path; the median is reported")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("launch_overhead: needs a CUDA device (torch.cuda.is_available() is False); nothing measured")
+        return 0
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("launch_overhead: needs Triton; nothing measured")
+        return 0
+
+    t0 = time.perf_counter()
+    fns, facts = paths(args.M, args.N, args.dtype)
+    us = measure(fns, args.calls, args.runs)
+    base = next(k for k in us if k.startswith("(b) "))
+    print(f"{facts['device']}, torch {facts['torch']}, Triton {facts['triton']}; RMSNorm {args.M} x {args.N} "
+          f"{args.dtype}; {args.calls} calls x {args.runs} runs (median)")
+    print(f"flyreg config ({facts['flyreg_source']}): {facts['flyreg_config']}\n")
+    print(table(us, base))
+    if facts["wrong_results"]:
+        print(f"\nWRONG RESULTS (relative error vs float64): {facts['wrong_results']}")
+    print(f"\n({time.perf_counter() - t0:.1f} s)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({**facts, "calls": args.calls, "runs": args.runs, "us_per_call": us}, f, indent=2)
+    return 1 if facts["wrong_results"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
