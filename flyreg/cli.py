@@ -1,10 +1,22 @@
-"""The ``flyreg`` command: list, tune, show, check and cache."""
+"""The ``flyreg`` command: list, tune, show, check and cache.
+
+Never imported by ``import flyreg``: click and rich load only when the command runs.
+
+Exit codes: 0 success; 1 a failure (a job that failed, a broken op named on its own, an
+artifact problem found by ``check``); 2 a usage error (bad option or value, unknown op);
+130 interrupted by Ctrl-C (143 by SIGTERM during ``tune``). Every user error is one line on
+stderr, ``flyreg: error: ...``, with no traceback.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import os
+import re
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,9 +27,18 @@ from ._version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+
+
+def _first_line(e: BaseException) -> str:
+    """``e`` as one line: a KeyError's key is quoted (``KeyError: 'backend'``), other text cut at the first newline."""
+    text = str(e.args[0]) if isinstance(e, LookupError) and not isinstance(e, KeyError) and e.args else str(e)
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
 
 def _user_errors(fn: F) -> F:
-    """Turn flyreg's user-facing errors into one line and a non-zero exit."""
+    """Turn flyreg's user-facing errors into one line and a non-zero exit (2 for an unknown op)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -26,13 +47,18 @@ def _user_errors(fn: F) -> F:
 
         try:
             return fn(*args, **kwargs)
-        except (UnknownOpError, OpUnavailableError, PluginError, LookupError, ValueError, TypeError) as e:
-            msg = e.args[0] if isinstance(e, LookupError) and e.args else str(e)
-            raise click.ClickException(str(msg).splitlines()[0]) from None
+        except UnknownOpError as e:
+            raise click.UsageError(_first_line(e)) from None
+        except (OpUnavailableError, PluginError, LookupError, ValueError, TypeError) as e:
+            raise click.ClickException(_first_line(e)) from None
+        except OSError as e:
+            where = f": {e.filename}" if e.filename else ""
+            raise click.ClickException(f"{e.strerror or e}{where}") from None
 
     return wrapper  # type: ignore[return-value]
 
 
+# -- option parsing ---------------------------------------------------------------------------------
 def parse_spec(text: str) -> dict[str, Any]:
     """``"N=4096,dtype=bfloat16"`` -> ``{"N": 4096, "dtype": "bfloat16"}`` (values read as JSON when they parse)."""
     spec: dict[str, Any] = {}
@@ -41,162 +67,378 @@ def parse_spec(text: str) -> dict[str, Any]:
         name, raw = name.strip(), raw.strip()
         if not sep or not name or not raw:
             raise click.BadParameter(f"expected AXIS=VALUE[,AXIS=VALUE...], got {text!r}", param_hint="--spec")
+        if name in spec:
+            raise click.BadParameter(f"axis {name!r} given twice in {text!r}", param_hint="--spec")
         try:
             value = json.loads(raw)
         except ValueError:
             value = raw
         if isinstance(value, (dict, list)):
             raise click.BadParameter(f"axis {name!r} must be a scalar, got {raw!r}", param_hint="--spec")
+        if isinstance(value, float) and not math.isfinite(value):  # json reads NaN and Infinity
+            raise click.BadParameter(f"axis {name!r} must be finite, got {raw!r}", param_hint="--spec")
         spec[name] = value
     return spec
 
 
 def _specs(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [parse_spec(v) for v in values]
+    out: list[dict[str, Any]] = []
+    for v in values:
+        spec = parse_spec(v)
+        if spec not in out:
+            out.append(spec)
+    return out
+
+
+def _device_syntax(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Reject a malformed ``--device`` at once, before torch is imported."""
+    if value is None:
+        return None
+    m = _DEVICE.fullmatch(value.strip().lower())
+    if m is None or (m[1] == "cpu" and m[2] not in (None, "0")):
+        raise click.BadParameter(f"expected cpu, cuda or cuda:N, got {value!r}", param_hint="--device")
+    return "cpu" if m[1] == "cpu" else m[0]
+
+
+def resolve_device(device: str | None) -> str:
+    """``device`` (already syntax-checked) checked against this machine; None picks a GPU if present."""
+    if device == "cpu":
+        return device
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support"
+        raise click.BadParameter(f"{device!r}: no CUDA device is available here (torch {torch.__version__}, {build})",
+                                 param_hint="--device")
+    count = torch.cuda.device_count()
+    _, _, index = device.partition(":")
+    if index and int(index) >= count:
+        raise click.BadParameter(f"{device!r}: no such device; this machine has {count} CUDA device(s), "
+                                 f"cuda:0 to cuda:{count - 1}", param_hint="--device")
+    return device
 
 
 def default_device() -> str:
-    import torch
+    """A GPU if present, else the CPU."""
+    return resolve_device(None)
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+def _check_op_names(names: list[str]) -> None:
+    """Raise UnknownOpError (with the closest name) for the first name no distribution registers."""
+    from .registry import REGISTRY
+
+    known = set(REGISTRY.names())
+    for name in names:
+        if name not in known:
+            REGISTRY.plugin(name)  # raises the registry's own "unknown op ...; did you mean ...?"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _out_dir(out: Path | None, create: bool) -> Path:
+    """The artifact directory, checked writable (and created unless ``create`` is false)."""
+    from .offline import emit_dir
+
+    given = out is not None
+    directory = (out if out is not None else emit_dir()).expanduser().absolute()
+    what = "--out" if given else ("FLYREG_CONFIG_DIR" if os.environ.get("FLYREG_CONFIG_DIR") else "config dir")
+    if directory.exists() and not directory.is_dir():
+        raise click.BadParameter(f"{str(directory)!r} is not a directory", param_hint=what)
+    if not create:
+        return directory
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise click.BadParameter(f"cannot create {str(directory)!r}: {e.strerror or e}", param_hint=what) from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{str(directory)!r} is not writable", param_hint=what)
+    return directory
+
+
+def spec_str(spec: dict[str, Any]) -> str:
+    """``{"N": 4096, "dtype": "bfloat16"}`` -> ``N=4096,dtype=bfloat16`` (what ``--spec`` takes)."""
+    return ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(spec.items()))
+
+
+_device_option = click.option("--device", default=None, callback=_device_syntax, metavar="cpu|cuda[:N]",
+                              help="Device to report for (default: a GPU if present, else the CPU).")
+
+
+# -- the commands -------------------------------------------------------------------------------------
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="flyreg")
 def cli() -> None:
-    """flyreg: list, tune and serve the configs of registered GPU kernels."""
+    """flyreg: list, tune and serve the configs of registered GPU kernels.
+
+    \b
+    Environment:
+      FLYREG_CONFIG_DIR   artifact dirs (os.pathsep-separated); the first is where tune writes
+      FLYREG_CACHE_DIR    the scratch cache dir
+      FLYREG_DISABLE_OPS  ops to treat as disabled (comma-separated)
+    """
 
 
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_device_option
 @_user_errors
-def list_ops(as_json: bool) -> None:
-    """List every registered op with its status and offline artifacts for this device."""
+def list_ops(as_json: bool, device: str | None) -> None:
+    """List every registered op: status, description, structural knobs, artifacts for this device."""
     from .keys import identity_of
-    from .tune_jobs import count_artifacts
     from .registry import REGISTRY, ops
+    from .tune_jobs import count_artifacts
 
-    ident = identity_of(default_device())
+    ident = identity_of(resolve_device(device))
     rows = []
     for info in ops():
-        plugin_dir = None
+        plugin_dirs = []
         if info.status == "ok":
-            plugin_dir = REGISTRY.plugin(info.name).description.config_dir
+            config_dir = REGISTRY.plugin(info.name).description.config_dir
+            plugin_dirs = [config_dir] if config_dir else []
         rows.append({
             "op": info.name, "distribution": info.distribution, "version": info.version, "status": info.status,
             "error": info.error, "description": info.description,
             "structural": list(info.structural) if info.structural is not None else None,
-            "artifacts": count_artifacts(info.name, ident, [plugin_dir] if plugin_dir else []),
+            "artifacts": count_artifacts(info.name, ident, plugin_dirs),
         })
     if as_json:
         click.echo(json.dumps({"device": ident.to_json(), "ops": rows}, indent=2))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from .tune_jobs import make_console
 
     table = Table(title=f"flyreg ops (device: {ident.name}, {ident.arch})")
-    for col in ("op", "distribution", "status", "description", "structural", "artifacts"):
-        table.add_column(col)
+    table.add_column("op", no_wrap=True)
+    table.add_column("distribution", no_wrap=True)
+    for col in ("status", "description", "structural"):
+        table.add_column(col, overflow="fold")
+    table.add_column("artifacts", justify="right")
     for r in rows:
-        status = r["status"] if r["status"] != "broken" else f"broken: {r['error']}"
-        table.add_row(r["op"], f"{r['distribution']} {r['version']}", status, r["description"],
-                      ", ".join(r["structural"] or []) or "all knobs", str(r["artifacts"]))
+        status = {"broken": f"[red]broken[/red]: {escape(str(r['error']))}",
+                  "disabled": "[yellow]disabled[/yellow]"}.get(r["status"], "[green]ok[/green]")
+        structural = "-" if r["status"] != "ok" else ", ".join(r["structural"]) if r["structural"] is not None \
+            else "all knobs"
+        table.add_row(escape(r["op"]), escape(f"{r['distribution']} {r['version']}"), status,
+                      escape(r["description"]), structural, str(r["artifacts"]))
     make_console().print(table)
 
 
 @cli.command()
 @click.argument("op_names", nargs=-1, metavar="[OP]...")
 @click.option("--spec", "specs", multiple=True, callback=_specs, metavar="AXIS=V,...",
-              help="Tune this spec instead of the op's workloads (repeatable).")
-@click.option("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU if present).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Artifact dir (default: FLYREG_CONFIG_DIR, else the user config dir).")
-@click.option("--force", is_flag=True, help="Re-tune specs that already have a current artifact.")
-@click.option("--dry-run", is_flag=True, help="Show the jobs without tuning.")
+              help="Tune this spec instead of the op's workloads (repeatable; needs OP).")
+@click.option("--device", default=None, callback=_device_syntax, metavar="cpu|cuda[:N]",
+              help="Device to tune on (default: a GPU if present, else the CPU).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Artifact dir (default: the first FLYREG_CONFIG_DIR entry, else the user config dir).")
+@click.option("--force", is_flag=True, help="Re-tune specs that already have a current artifact in the artifact dir.")
+@click.option("--dry-run", is_flag=True, help="List the jobs and what would happen to each; tune nothing.")
 @_user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], device: str | None, out: Path | None,
          force: bool, dry_run: bool) -> None:
-    """Tune every registered op (or the OPs given) and write their offline artifacts."""
-    from .tune_jobs import plan_jobs, run_jobs
+    """Tune every registered op (or the OPs given) and write their offline artifacts.
 
-    device = device or default_device()
-    jobs = plan_jobs(list(op_names), specs, device, out, force)
-    code = run_jobs(jobs, device, out, dry_run)
-    sys.exit(code)
+    Each op is tuned over the workloads it declares for the device, or over the --spec values.
+    A spec whose artifact in the artifact dir is current (same toolchain) is skipped unless
+    --force. A failing op or spec is reported and the others still run; the exit code is then 1.
+    Ctrl-C stops after keeping the artifacts written so far (exit 130).
+    """
+    from .tune_jobs import plan_jobs, print_plan, run_jobs
+
+    names = list(dict.fromkeys(op_names))
+    if specs and not names:
+        raise click.UsageError("--spec needs the OP(s) to tune: each op has its own spec axes")
+    _check_op_names(names)
+    dev = resolve_device(device)
+    out_dir = _out_dir(out, create=not dry_run)
+    jobs = plan_jobs(names, specs, dev, out_dir, force)
+    if dry_run:
+        print_plan(jobs, dev, out_dir)
+        sys.exit(0)
+    sys.exit(run_jobs(jobs, dev, out_dir, force))
 
 
 @cli.command()
 @click.argument("op_name", metavar="OP")
-@click.option("--spec", "specs", multiple=True, required=True, callback=_specs, metavar="AXIS=V,...")
-@click.option("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU if present).")
+@click.option("--spec", "specs", multiple=True, required=True, callback=_specs, metavar="AXIS=V,...",
+              help="The spec to resolve (repeatable).")
+@_device_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @_user_errors
-def show(op_name: str, specs: list[dict[str, Any]], device: str | None) -> None:
-    """Show the config a runtime call of OP with this spec gets, and where it comes from."""
-    from .registry import resolve_spec
+def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json: bool) -> None:
+    """Show the config a runtime call of OP with this spec gets, and where it comes from.
 
+    The lookup is the runtime's: the scratch cache, then the offline artifacts, then the op's
+    default. No search is run.
+    """
+    from .keys import identity_of
+    from .registry import REGISTRY
+
+    tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
+    dev = resolve_device(device)
+    ident = identity_of(dev)
+    out = []
     for spec in specs:
-        res = resolve_spec(op_name, spec, device or default_device())
-        where = f" ({res.path})" if res.path else ""
-        flags = "".join(f" [{f}]" for f in ("stale", "nearest") if getattr(res, f))
-        click.echo(f"{op_name} {json.dumps(res.spec, sort_keys=True)}: {res.config} from {res.origin}{where}{flags}")
+        try:
+            res = tuner.resolve_spec(spec, dev)
+        except Exception as e:
+            raise click.ClickException(_unresolved(op_name, spec, dev, e)) from None
+        row = {"op": op_name, "spec": res.spec, "device": ident.to_json(), "config": res.config.to_json(),
+               "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest, "offline": None}
+        if res.source in ("cache", "memory"):  # what would serve it without the scratch cache
+            hit = tuner.offline.lookup(res.spec, ident, accepts=lambda _c: None)
+            row["offline"] = str(hit.path) if hit is not None else None
+        out.append((row, res.config))
+    if as_json:
+        click.echo(json.dumps([r for r, _ in out], indent=2))
+        return
+    from .tune_jobs import config_str
+
+    for i, (r, config) in enumerate(out):
+        if i:
+            click.echo()
+        click.echo(f"op:      {op_name}")
+        click.echo(f"spec:    {spec_str(r['spec'])}")
+        click.echo(f"device:  {ident.name} ({ident.arch})")
+        click.echo(f"config:  {config_str(config)}")
+        click.echo(f"source:  {r['source']}")
+        if r["path"]:
+            click.echo(f"path:    {r['path']}")
+        if r["nearest"]:
+            click.echo("note:    tuned for the nearest spec, not this one")
+        if r["stale"]:
+            click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
+        if r["offline"]:
+            click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+
+
+def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
+    """One line for a spec that resolves to nothing (or whose hooks fail on it)."""
+    if type(e) is LookupError:  # the tuner's own "no cached, offline or default config"
+        return _first_line(e)
+    hint = ""
+    try:
+        from .registry import REGISTRY
+
+        axes = sorted({k for w in REGISTRY.plugin(op).workloads(device) for k in w})
+        if axes and sorted(spec) != axes:
+            hint = f" (its workloads use the axes {', '.join(axes)})"
+    except Exception:
+        pass
+    return f"{op}: no config for spec {spec_str(spec)}: {type(e).__name__}: {_first_line(e)}{hint}"
 
 
 @cli.command()
-@click.argument("dirs", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--strict", is_flag=True, help="Fail on stale artifacts too.")
+@click.argument("dirs", nargs=-1, type=click.Path(path_type=Path), metavar="[DIR]...")
+@click.option("--strict", is_flag=True, help="Fail on stale artifacts (another toolchain) too.")
 @_user_errors
 def check(dirs: tuple[Path, ...], strict: bool) -> None:
-    """Validate offline artifacts (default: every lookup directory)."""
+    """Validate offline artifacts in DIRs (default: every lookup directory that exists).
+
+    Checks each *.json: well-formed, named by its content, a known op, a sanitized device
+    name; and reports stale ones. Exits 1 if any problem (with --strict, any stale one too).
+    """
     from .offline import OfflineStore
     from .registry import REGISTRY, ops
     from .validate import check_artifacts
 
-    known = {i.name: REGISTRY.plugin(i.name).description.version for i in ops() if i.status == "ok"}
-    targets = list(dirs) or [d for d in OfflineStore("", [], (), "0").dirs() if d.is_dir()]
+    known, plugin_dirs = {}, []
+    for info in ops():
+        if info.status == "ok":
+            d = REGISTRY.plugin(info.name).description
+            known[info.name] = d.version
+            if d.config_dir:
+                plugin_dirs.append(d.config_dir)
+    targets = list(dirs) or [d for d in OfflineStore("", plugin_dirs, (), "0").dirs() if d.is_dir()]
     problems = check_artifacts(targets, known)
-    n_files = sum(len(list(Path(d).glob("*.json"))) for d in targets if Path(d).is_dir())
+    n_files = sum(len([p for p in Path(d).iterdir() if p.name.endswith(".json")])
+                  for d in targets if Path(d).is_dir())
     for p in problems:
         click.echo(str(p))
     failing = [p for p in problems if p.severity == "error" or strict]
+    stale = len(problems) - len(failing)
     click.echo(f"checked {n_files} artifact(s) in {len(targets)} dir(s): {len(failing)} problem(s)"
-               + (f", {len(problems) - len(failing)} stale" if len(problems) > len(failing) else ""))
+               + (f", {stale} stale (not an error without --strict)" if stale else ""))
     if failing:
         sys.exit(1)
 
 
 @cli.group()
 def cache() -> None:
-    """The scratch disk cache."""
+    """The scratch disk cache (FLYREG_CACHE_DIR, else the user cache dir)."""
+
+
+def _cache_op(op_name: str | None) -> None:
+    """Reject an op name that is neither registered nor has a cache file (a typo)."""
+    from . import cache as scratch
+    from .registry import REGISTRY
+
+    if op_name is not None and op_name not in REGISTRY.names() and not scratch.cache_file(op_name).exists():
+        _check_op_names([op_name])
 
 
 @cache.command("path")
 @click.argument("op_name", required=False, metavar="[OP]")
+@_user_errors
 def cache_path(op_name: str | None) -> None:
     """Print the cache directory, or OP's cache file."""
     from . import cache as scratch
 
+    _cache_op(op_name)
     click.echo(str(scratch.cache_file(op_name) if op_name else scratch.cache_dir()))
 
 
 @cache.command("clear")
 @click.argument("op_name", required=False, metavar="[OP]")
+@_user_errors
 def cache_clear(op_name: str | None) -> None:
-    """Delete OP's cache file, or all of them."""
+    """Delete OP's cache file, or every op's."""
     from . import cache as scratch
 
-    removed = scratch.clear(op_name)
-    click.echo(f"removed {len(removed)} cache file(s) from {scratch.cache_dir()}")
+    _cache_op(op_name)
+    directory = scratch.cache_dir()
+    removed = []
+    if directory.is_dir() and (op_name is None or scratch.cache_file(op_name).exists()):
+        removed = scratch.clear(op_name)
+    click.echo(f"removed {len(removed)} cache file(s) from {directory}")
 
 
-def main() -> None:
-    """Console entry point."""
+# -- entry point ----------------------------------------------------------------------------------------
+def _one_line_warnings() -> None:
+    """flyreg's own warnings as the one line they are, not ``file:line: Category: message``."""
+    from ._fileio import FlyregWarning
+
+    original = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if issubclass(category, FlyregWarning):
+            text = str(message)
+            click.echo(text if text.startswith("flyreg") else f"flyreg: warning: {text}", err=True)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (also ``python -m flyreg``)."""
+    _one_line_warnings()
     try:
-        code = cli.main(prog_name="flyreg", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="flyreg", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("flyreg: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        click.echo(f"flyreg: error: {e.format_message()}", err=True)
+        if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):  # bare `flyreg`: the help (click >= 8.2)
+            e.show()
+        else:
+            click.echo(f"flyreg: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
+    except BrokenPipeError:  # flyreg list | head
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,27 +1,51 @@
-"""The jobs of ``flyreg tune``: plan (op, spec) pairs, tune each with a progress bar, summarize."""
+"""The jobs of ``flyreg tune``: plan (op, spec) pairs, tune each with a progress bar, summarize.
+
+Part of the command (imports rich); never imported by ``import flyreg``.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+import contextlib
+import signal
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from .keys import DeviceIdentity, identity_of, normalize_spec
-from .offline import OfflineStore, artifact_filename, emit_dir, index, load_artifact, name_part
+from .config import Config
+from .keys import DeviceIdentity, identity_of
+from .offline import OfflineStore, artifact_filename, canonical_spec, index, load_artifact, name_part, spec_text
+
+#: Exit codes of ``flyreg tune``.
+EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 
 
 @attrs.define
 class Job:
-    """One (op, spec) to tune; ``skip`` says why it won't be, ``result`` what tuning gave."""
+    """One (op, spec) to tune.
+
+    ``skip`` says why it is not tuned (not a failure), ``error`` why it failed, ``result`` is the
+    tuner's report, and ``tuned_spec`` the spec ``specialize()`` gave its inputs when that
+    differs from ``spec`` (a row count bucketed, an axis the op adds).
+    """
 
     op: str
     spec: dict[str, Any]
     skip: str | None = None
-    result: Any = None
     error: str | None = None
+    result: Any = None
+    tuned_spec: dict[str, Any] | None = None
+    seconds: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self.error is not None:
+            return "failed"
+        if self.skip is not None:
+            return "skipped"
+        return "tuned" if self.result is not None else "pending"
 
 
 def count_artifacts(op: str, device: DeviceIdentity, plugin_dirs: Iterable[Path]) -> int:
@@ -35,112 +59,242 @@ def count_artifacts(op: str, device: DeviceIdentity, plugin_dirs: Iterable[Path]
 
 
 def _current(path: Path, op_version: str) -> bool:
-    from .keys import fingerprint
-
+    """True when ``path`` is a well-formed artifact tuned with the current toolchain."""
     try:
-        return load_artifact(path).provenance.get("toolchain") == fingerprint(op_version)
+        return path.is_file() and not load_artifact(path).stale(op_version)
     except ValueError:
         return False
 
 
-def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out: Path | None,
-              force: bool) -> list[Job]:
-    """The jobs to run: each op's ``--spec`` values or declared workloads; current artifacts are skipped."""
-    from .registry import REGISTRY, ops
+def _skip_reason(op: str, spec: dict[str, Any], ident: DeviceIdentity, out_dir: Path, version: str) -> str | None:
+    path = out_dir / artifact_filename(op, spec, ident.name)
+    return "current artifact" if _current(path, version) else None
 
-    if not op_names:
-        op_names = [i.name for i in ops() if i.status == "ok"]
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out_dir: Path,
+              force: bool) -> list[Job]:
+    """The jobs: each op's ``--spec`` values or declared workloads; current artifacts are skipped.
+
+    ``op_names`` empty means every registered op: a broken op becomes a failed job, a disabled
+    one (or one that declares nothing to tune here) a skipped job. An op named explicitly that
+    is unusable raises (one line) when it is the only one, and fails its job otherwise.
+    """
+    from .registry import REGISTRY, OpUnavailableError, ops
+
+    explicit = bool(op_names)
+    if explicit:
+        names = op_names
+        unavailable: dict[str, Job] = {}
+    else:
+        infos = ops()
+        names = [i.name for i in infos if i.status == "ok"]
+        unavailable = {i.name: (Job(i.name, {}, error=f"plugin is broken: {i.error}") if i.status == "broken"
+                                else Job(i.name, {}, skip="disabled by FLYREG_DISABLE_OPS"))
+                       for i in infos if i.status != "ok"}
+        names = sorted([*names, *unavailable])
     ident = identity_of(device)
-    out_dir = out if out is not None else emit_dir()
-    jobs = []
-    for name in op_names:
+    jobs: list[Job] = []
+    for name in names:
+        if name in unavailable:
+            jobs.append(unavailable[name])
+            continue
         try:
             plugin = REGISTRY.plugin(name)
-        except (LookupError, RuntimeError) as e:
-            if specs or len(op_names) == 1:
+        except OpUnavailableError as e:
+            if len(op_names) == 1:
                 raise
             jobs.append(Job(name, {}, error=str(e)))
             continue
-        for spec in specs or plugin.workloads(device):
-            spec = normalize_spec(spec, "--spec")
+        if not plugin.implements("make_inputs"):
+            why = "no make_inputs hook, so it cannot be tuned offline"
+            jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
+            continue
+        wanted = specs
+        if not wanted:
+            try:
+                wanted = plugin.workloads(device)
+            except Exception as e:  # a plugin's failing hook fails its op only
+                jobs.append(Job(name, {}, error=f"workloads() failed: {_one_line(e)}"))
+                continue
+            if not wanted:
+                why = f"declares no workloads for {device}; pass --spec"
+                jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
+                continue
+        seen: set[str] = set()
+        for raw in wanted:
+            try:
+                spec = canonical_spec(raw, "workload spec")
+            except (TypeError, ValueError) as e:
+                jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {_one_line(e)}"))
+                continue
+            if spec_text(spec) in seen:
+                continue
+            seen.add(spec_text(spec))
             job = Job(name, spec)
-            path = out_dir / artifact_filename(name, spec, ident.name)
-            if not force and path.is_file() and _current(path, plugin.description.version):
-                job.skip = f"current artifact {path.name}"
+            if not force:
+                job.skip = _skip_reason(name, spec, ident, out_dir, plugin.description.version)
             jobs.append(job)
-        if not specs and not plugin.workloads(device):
-            jobs.append(Job(name, {}, error="declares no workloads; pass --spec"))
     return jobs
 
 
-def _tune_one(job: Job, device: str, out: Path | None) -> None:
+def _tune_one(job: Job, device: str, out_dir: Path, force: bool) -> None:
     from .registry import REGISTRY
 
     plugin = REGISTRY.plugin(job.op)
-    if not plugin.implements("make_inputs"):
-        raise ValueError(f"op {job.op!r} has no make_inputs hook, so it cannot be tuned offline")
+    tuner = REGISTRY.tuner(job.op)
     args, kwargs = plugin.make_inputs(dict(job.spec), device)
-    job.result = REGISTRY.tuner(job.op).tune(*args, out_dir=out, **kwargs)
+    spec = canonical_spec(plugin.specialize(args, kwargs), f"{job.op}: specialize() result")
+    if spec_text(spec) != spec_text(job.spec):
+        job.tuned_spec = spec
+        if not force:
+            job.skip = _skip_reason(job.op, spec, identity_of(device), out_dir, plugin.description.version)
+            if job.skip:
+                return
+    job.result = tuner.tune(*args, out_dir=out_dir, **kwargs)
 
 
-def run_jobs(jobs: list[Job], device: str, out: Path | None, dry_run: bool) -> int:
-    """Run the jobs with a progress bar and print the summary; returns the exit code."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
+    """While tuning, SIGTERM stops like Ctrl-C (so no temp file is left); yields the signal seen."""
+    seen: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield seen
+        return
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -> int:
+    """Run the jobs with a progress bar, print the summary; returns the exit code.
+
+    0: every job tuned or skipped; 1: some job failed; 130 (143): stopped by SIGINT (SIGTERM),
+    with every artifact written so far kept and no partial file left.
+    """
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]
-    if dry_run:
-        for j in jobs:
-            state = j.error or (f"skip ({j.skip})" if j.skip else "tune")
-            console.print(f"{j.op} {json.dumps(j.spec, sort_keys=True)}: {state}", markup=False)
-        return 0
-    interrupted = False
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    interrupted: int | None = None
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("tuning", total=len(todo))
-        for job in todo:
-            progress.update(task, description=f"{job.op} {json.dumps(job.spec, sort_keys=True)}")
-            try:
-                _tune_one(job, device, out)
-            except KeyboardInterrupt:
-                interrupted = True
-                job.error = "interrupted"
-                break
-            except Exception as e:  # one failing job never stops the others
-                job.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            progress.advance(task)
-    _summary(console, jobs, device)
-    if interrupted:
-        console.print("interrupted: artifacts written so far are kept", markup=False)
-        return 130
-    return 1 if any(j.error for j in jobs) else 0
+    with _sigterm_as_interrupt() as signals:
+        try:
+            with Progress(*columns, console=make_console(stderr=True), transient=False,
+                          disable=not todo) as progress:
+                task = progress.add_task("tuning", total=len(todo))
+                for job in todo:
+                    progress.update(task, description=f"{job.op} {_spec_cell(job.spec)}")
+                    t0 = time.perf_counter()
+                    try:
+                        _tune_one(job, device, out_dir, force)
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as e:  # one failing job never stops the others
+                        job.error = _one_line(e)
+                    job.seconds = time.perf_counter() - t0
+                    progress.advance(task)
+        except KeyboardInterrupt:
+            interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
+    _summary(console, jobs, device, out_dir)
+    if interrupted is not None:
+        again = "the same command without --force" if force else "the same command"
+        console.print(f"interrupted: the artifacts written so far are kept; run {again} again to tune the rest",
+                      markup=False, highlight=False)
+        return interrupted
+    return EXIT_FAILED if any(j.error for j in jobs) else EXIT_OK
 
 
-def make_console() -> Any:
+def print_plan(jobs: list[Job], device: str, out_dir: Path) -> None:
+    """The ``--dry-run`` table: each job and what ``tune`` would do with it."""
+    from rich.table import Table
+
+    ident = identity_of(device)
+    console = make_console()
+    table = Table(title=f"flyreg tune --dry-run on {ident.name} ({ident.arch})")
+    table.add_column("op", no_wrap=True)
+    table.add_column("spec", no_wrap=True)
+    table.add_column("action", overflow="fold", ratio=1)
+    for j in jobs:
+        action = f"fail: {j.error}" if j.error else f"skip: {j.skip}" if j.skip else "tune"
+        table.add_row(_escape(j.op), _escape(_spec_cell(j.spec) or "-"), _escape(action))
+    console.print(table)
+    n = sum(1 for j in jobs if j.skip is None and j.error is None)
+    console.print(f"{n} job(s) to tune, {len(jobs) - n} not; artifacts would go to {out_dir}",
+                  markup=False, highlight=False)
+
+
+def make_console(stderr: bool = False) -> Any:
     """A rich console; wide enough for the summary when the output is not a terminal."""
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=160)
 
 
-def _summary(console: Any, jobs: list[Job], device: str) -> None:
+def config_str(config: Config) -> str:
+    """``Config(BLOCK_N=1024, num_warps=4)`` -> ``BLOCK_N=1024 num_warps=4``."""
+    return " ".join(f"{k}={v}" for k, v in (*config.knobs, *config.hint_items)) or "(no knobs)"
+
+
+def _spec_cell(spec: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(spec.items()))
+
+
+def _time(ms: float) -> str:
+    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
+
+
+def _summary(console: Any, jobs: list[Job], device: str, out_dir: Path) -> None:
     from rich.table import Table
 
     ident = identity_of(device)
     table = Table(title=f"flyreg tune on {ident.name} ({ident.arch})")
-    for col in ("op", "spec", "winner", "time (us)", "vs default", "tried", "failed", "result"):
-        table.add_column(col)
+    for col, justify in (("op", "left"), ("spec", "left"), ("winner", "left"), ("time", "right"),
+                         ("vs default", "right"), ("tried", "right"), ("failed", "right")):
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("result", overflow="fold", ratio=1)
     for j in jobs:
-        spec = ",".join(f"{k}={v}" for k, v in sorted(j.spec.items()))
+        spec = _spec_cell(j.spec) or "-"
+        if j.tuned_spec is not None:
+            changed = {k: v for k, v in j.tuned_spec.items() if j.spec.get(k, object()) != v}
+            spec += f" (as {_spec_cell(changed)})"
         r = j.result
         if r is not None:
             speedup = f"{r.speedup:.2f}x" if r.speedup else "-"
-            table.add_row(j.op, spec, repr(r.winner), f"{r.winner_ms * 1e3:.1f}", speedup, str(r.tried),
-                          str(len(r.failed) + len(r.rejected)), Path(r.artifact).name if r.artifact else "")
+            table.add_row(_escape(j.op), _escape(spec), config_str(r.winner), _time(r.winner_ms), speedup,
+                          str(r.tried), str(len(r.failed) + len(r.rejected)), "written")
+            continue
+        if j.error:
+            state = f"[red]failed[/red]: {_escape(j.error)}"
+        elif j.skip:
+            state = f"skipped: {_escape(j.skip)}"
         else:
-            state = j.error or (f"skipped: {j.skip}" if j.skip else "not run (interrupted)")
-            table.add_row(j.op, spec, "", "", "", "", "", state)
+            state = "[yellow]not run (interrupted)[/yellow]"
+        table.add_row(_escape(j.op), _escape(spec), "", "", "", "", "", state)
     console.print(table)
+    counts = {s: sum(1 for j in jobs if j.state == s) for s in ("tuned", "skipped", "failed", "pending")}
+    line = f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed"
+    if counts["pending"]:
+        line += f", {counts['pending']} not run"
+    console.print(f"{line}; artifacts in {out_dir}", markup=False, highlight=False)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

@@ -1,0 +1,376 @@
+"""The ``flyreg`` command, driven through its real entry points in fresh interpreters.
+
+Every run is ``python -m flyreg ...`` (or the ``flyreg`` console script next to
+``sys.executable``) with the cache, config and XDG dirs pointed at temporary folders. Two
+fake distributions are made on disk: ``broken-ops`` (its entry point names a module that does
+not exist) and ``sleepy-ops`` (an op whose launches sleep, so a tune can be interrupted).
+Tuning always passes ``--device cpu``, so the suite means the same on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyreg.offline import load_artifact
+
+SCRIPT = Path(sys.executable).with_name("flyreg")
+CPU_WORKLOADS = 8  # rmsnorm's default CPU workloads: M in (32, 256) x N in (1024, 4096) x 2 dtypes
+SPEC = "M=32,N=1024,backend=cpu,dtype=float32"
+
+BROKEN_ENTRY_POINTS = "[flyreg.ops]\nbroken_op = flyreg_no_such_module.ops:op\n"
+
+SLEEPY_MODULE = '''
+"""An op whose launch sleeps DELAY_MS: a tune that is slow on purpose and easy to interrupt."""
+import time
+
+import torch
+
+from flyreg import Config, hookimpl
+
+
+@hookimpl
+def specialize(args, kwargs):
+    return {"n": int(args[0].shape[0])}
+
+
+@hookimpl
+def build(config, spec):
+    delay = config.kwargs["DELAY_MS"] / 1e3
+
+    def launch(x):
+        time.sleep(delay)
+        return x
+
+    return launch
+
+
+@hookimpl
+def configs(spec):
+    return [Config({"DELAY_MS": 8}), Config({"DELAY_MS": 16})]
+
+
+@hookimpl
+def default(spec):
+    return Config({"DELAY_MS": 16})
+
+
+@hookimpl
+def workloads(device):
+    return [{"n": n} for n in range(1, 21)]
+
+
+@hookimpl
+def make_inputs(spec, device):
+    return (torch.zeros(spec["n"], device=device),), {}
+
+
+@hookimpl
+def describe():
+    return {"description": "sleeps DELAY_MS per call", "version": "1", "structural": ["DELAY_MS"]}
+'''
+
+
+def fake_distribution(site: Path, name: str, entry_points: str, modules: dict[str, str] | None = None) -> Path:
+    """A ``<name>-0.1.dist-info`` (METADATA, entry_points.txt) and its modules under ``site``."""
+    info = site / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(entry_points, encoding="utf-8")
+    for rel, text in (modules or {}).items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return site
+
+
+class Flyreg:
+    """Runs the command with its own cache/config/XDG dirs; ``env`` adds or overrides variables."""
+
+    def __init__(self, root: Path, **env: str) -> None:
+        self.root = root
+        self.dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
+        for d in self.dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("FLYREG_", "XDG_"))}
+        base.pop("PYTHONPATH", None)
+        self.env = {**base, "FLYREG_CACHE_DIR": str(self.dirs["cache"]), "FLYREG_CONFIG_DIR": str(self.dirs["configs"]),
+                    "XDG_CONFIG_HOME": str(self.dirs["xdg_config"]), "XDG_CACHE_HOME": str(self.dirs["xdg_cache"]),
+                    "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning", **env}
+
+    def argv(self, args: Sequence[str], script: bool = False) -> list[str]:
+        return [str(SCRIPT), *args] if script else [sys.executable, "-m", "flyreg", *args]
+
+    def popen(self, *args: str, script: bool = False, **env: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(args, script), env={**self.env, **env}, cwd=self.root, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run(self, *args: str, script: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.many([args], script=script, **env)[0]
+
+    def many(self, runs: Sequence[Sequence[str]], script: bool = False, envs: Sequence[dict[str, str]] = (),
+             **env: str) -> list[subprocess.CompletedProcess[str]]:
+        """Run several commands at once (each its own interpreter, ``envs[i]`` added to run i) and wait for all."""
+        procs = [self.popen(*args, script=script, **{**env, **(envs[i] if i < len(envs) else {})})
+                 for i, args in enumerate(runs)]
+        done = []
+        for args, p in zip(runs, procs):
+            out, err = p.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(self.argv(args, script), p.returncode, out, err))
+        return done
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], code: int | None = None) -> str:
+    """The single ``flyreg: error:`` line of a failed run (no traceback), checked against ``code``."""
+    assert proc.returncode != 0, proc
+    if code is not None:
+        assert proc.returncode == code, proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flyreg: error: "), proc.stderr
+    return lines[0]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of a rich table printed in ``text``, a cell folded over several lines joined back."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if rows and not cells[0]:  # a continuation line of the previous row
+            rows[-1] = [f"{a} {b}".strip() if b else a for a, b in zip(rows[-1], cells)]
+        else:
+            rows.append(cells)
+    return rows
+
+
+def artifacts(directory: Path, op: str | None = None) -> dict[str, Path]:
+    return {p.name: p for p in directory.glob("*.json") if op is None or p.name.startswith(f"{op},")}
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_distribution(tmp_path_factory.mktemp("broken_site"), "broken-ops", BROKEN_ENTRY_POINTS)
+
+
+@pytest.fixture(scope="module")
+def cmd(tmp_path_factory: pytest.TempPathFactory, broken_site: Path) -> Flyreg:
+    """The environment most tests share: flyreg's own ops plus the broken distribution."""
+    return Flyreg(tmp_path_factory.mktemp("cli"), PYTHONPATH=str(broken_site))
+
+
+@pytest.fixture(scope="module")
+def tuned(cmd: Flyreg) -> subprocess.CompletedProcess[str]:
+    """``flyreg tune`` of everything on the CPU into the default dir (FLYREG_CONFIG_DIR), fused op disabled."""
+    return cmd.run("tune", "--device", "cpu", FLYREG_DISABLE_OPS="fused_add_rmsnorm")
+
+
+# -- entry points and user errors ----------------------------------------------------------------------------
+def test_version_from_the_script_and_the_module(cmd: Flyreg) -> None:
+    from flyreg import __version__
+
+    if not SCRIPT.is_file():
+        pytest.skip(f"no flyreg console script next to {sys.executable} (flyreg not installed in this env)")
+    by_script, by_module = cmd.run("--version", script=True), cmd.run("--version")
+    assert by_script.returncode == by_module.returncode == 0
+    assert by_script.stdout == by_module.stdout == f"flyreg, version {__version__}\n"
+
+
+def test_bare_command_prints_the_usage(cmd: Flyreg) -> None:
+    proc = cmd.run()
+    assert proc.returncode == 2 and "Usage: flyreg" in proc.stdout + proc.stderr and "error" not in proc.stderr
+    assert all(c in proc.stdout + proc.stderr for c in ("list", "tune", "show", "check", "cache"))
+
+
+def test_import_flyreg_loads_neither_click_nor_rich(cmd: Flyreg) -> None:
+    probe = "import sys, flyreg; print(sorted(m for m in ('click', 'rich', 'torch') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", probe], env=cmd.env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "[]"), proc.stderr
+
+
+def test_user_errors_are_one_line(tmp_path: Path) -> None:
+    cmd = Flyreg(tmp_path / "run")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("", encoding="utf-8")
+    (unknown_tune, unknown_show, bad_spec, dup_axis, tpu, cuda9, out_file, out_under_file, spec_no_op,
+     incomplete, cache_typo) = cmd.many([
+        ["tune", "rmsnrm"],
+        ["show", "rmsnrom", "--spec", SPEC],
+        ["tune", "rmsnorm", "--spec", "N"],
+        ["show", "rmsnorm", "--spec", "N=1,N=2"],
+        ["tune", "--device", "tpu"],
+        ["tune", "rmsnorm", "--device", "cuda:9", "--spec", SPEC],
+        ["tune", "rmsnorm", "--out", str(a_file)],
+        ["tune", "rmsnorm", "--device", "cpu", "--out", str(a_file / "sub"), "--spec", SPEC],
+        ["tune", "--spec", SPEC],
+        ["show", "rmsnorm", "--spec", "N=1024", "--device", "cpu"],
+        ["cache", "clear", "rmsnrm"],
+    ])
+    for proc in (unknown_tune, unknown_show, cache_typo):
+        assert "did you mean 'rmsnorm'?" in one_line_error(proc, 2)
+    assert "expected AXIS=VALUE" in one_line_error(bad_spec, 2)
+    assert "given twice" in one_line_error(dup_axis, 2)
+    assert "expected cpu, cuda or cuda:N, got 'tpu'" in one_line_error(tpu, 2)
+    assert "'cuda:9'" in one_line_error(cuda9, 2)  # no CUDA here, or fewer than 10 GPUs
+    assert "is a file" in one_line_error(out_file, 2)
+    assert "cannot create" in one_line_error(out_under_file, 2)
+    assert "--spec needs the OP" in one_line_error(spec_no_op, 2)
+    line = one_line_error(incomplete, 1)  # nothing cached, no artifact, and the default cannot work it out
+    assert "rmsnorm: no config for spec N=1024" in line and "M, N, backend, dtype" in line
+    assert not list(cmd.dirs["cache"].iterdir())  # the typo created no cache file nor lock
+
+
+# -- list ----------------------------------------------------------------------------------------------------
+def test_list_shows_the_broken_plugin_and_the_others_ok(cmd: Flyreg, tuned: Any) -> None:
+    table, as_json = cmd.many([["list", "--device", "cpu"], ["list", "--json", "--device", "cpu"]])
+    assert table.returncode == as_json.returncode == 0, table.stderr + as_json.stderr
+    ops = {row["op"]: row for row in json.loads(as_json.stdout)["ops"]}
+    assert set(ops) == {"broken_op", "fused_add_rmsnorm", "rmsnorm"}
+    broken = ops["broken_op"]
+    assert (broken["status"], broken["distribution"], broken["version"]) == ("broken", "broken-ops", "0.1")
+    assert "flyreg_no_such_module" in broken["error"]
+    rms = ops["rmsnorm"]
+    assert (rms["status"], rms["error"], rms["distribution"]) == ("ok", None, "flyreg")
+    assert rms["structural"] == ["BLOCK_N", "ROWS", "ROW_BLOCK"] and rms["description"]
+    assert rms["artifacts"] == CPU_WORKLOADS  # the ones the tune wrote for this CPU
+    rows = {r[0]: r for r in table_rows(table.stdout)}
+    assert rows["broken_op"][1:3] == ["broken-ops 0.1", f"broken: {broken['error']}"]
+    assert rows["rmsnorm"][2:] == ["ok", rms["description"], "BLOCK_N, ROWS, ROW_BLOCK", str(CPU_WORKLOADS)]
+    assert rows["fused_add_rmsnorm"][2] == "ok"
+
+
+# -- tune ----------------------------------------------------------------------------------------------------
+def test_tune_everything_tunes_the_others_and_fails_for_the_broken_one(cmd: Flyreg, tuned: Any) -> None:
+    assert tuned.returncode == 1, tuned.stderr  # 1: some job failed (the broken plugin)
+    assert "Traceback" not in tuned.stderr
+    written = artifacts(cmd.dirs["configs"])
+    assert len(written) == CPU_WORKLOADS and all(n.startswith("rmsnorm,") for n in written)
+    for path in written.values():
+        art = load_artifact(path)
+        assert (art.op, art.filename, art.spec["backend"]) == ("rmsnorm", path.name, "cpu")
+    rows = table_rows(tuned.stdout)
+    assert ["broken_op", "-", "", "", "", "", "",
+            "failed: plugin is broken: ModuleNotFoundError: No module named 'flyreg_no_such_module'"] in rows
+    assert ["fused_add_rmsnorm", "-", "", "", "", "", "", "skipped: disabled by FLYREG_DISABLE_OPS"] in rows
+    tuned_rows = [r for r in rows if r[0] == "rmsnorm"]
+    assert len(tuned_rows) == CPU_WORKLOADS and {r[-1] for r in tuned_rows} == {"written"}
+    for _op, spec, winner, time_, speedup, tried, failed, _ in tuned_rows:
+        assert f"{spec},device_name=" in " ".join(written) and winner.startswith("ROW_BLOCK=")
+        assert time_.endswith(("us", "ms")) and speedup.endswith("x") and int(tried) >= 1 and failed == "0"
+    assert f"{CPU_WORKLOADS} tuned, 1 skipped, 1 failed; artifacts in {cmd.dirs['configs']}" in tuned.stdout
+    assert "ETA" in tuned.stderr  # the progress bar
+
+
+def test_rerun_skips_current_artifacts_and_dry_run_says_so(cmd: Flyreg, tuned: Any) -> None:
+    before = {n: p.stat().st_mtime_ns for n, p in artifacts(cmd.dirs["configs"]).items()}
+    again, dry = cmd.many([["tune", "rmsnorm", "--device", "cpu"],
+                           ["tune", "--device", "cpu", "--dry-run", "--out", str(cmd.root / "fresh")]])
+    assert again.returncode == 0, again.stderr
+    assert [r[-1] for r in table_rows(again.stdout)] == ["skipped: current artifact"] * CPU_WORKLOADS
+    assert f"0 tuned, {CPU_WORKLOADS} skipped, 0 failed" in again.stdout
+    assert {n: p.stat().st_mtime_ns for n, p in artifacts(cmd.dirs["configs"]).items()} == before
+    assert dry.returncode == 0, dry.stderr
+    actions = {(op, spec): action for op, spec, action in table_rows(dry.stdout)}
+    assert list(actions.values()).count("tune") == 2 * CPU_WORKLOADS
+    assert actions["broken_op", "-"].startswith("fail: plugin is broken: ModuleNotFoundError")
+    assert not (cmd.root / "fresh").exists()  # a dry run writes nothing, not even the dir
+
+
+def test_force_retunes(cmd: Flyreg, tuned: Any) -> None:
+    name = f"rmsnorm,{SPEC},device_name="
+    (path,) = [p for n, p in artifacts(cmd.dirs["configs"]).items() if n.startswith(name)]
+    before = path.stat().st_mtime_ns
+    proc = cmd.run("tune", "rmsnorm", "--device", "cpu", "--spec", SPEC, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 tuned, 0 skipped, 0 failed" in proc.stdout and "written" in proc.stdout
+    assert path.stat().st_mtime_ns > before
+    assert load_artifact(path).filename == path.name
+
+
+# -- show ----------------------------------------------------------------------------------------------------
+def test_show_after_tune(cmd: Flyreg, tuned: Any) -> None:
+    (artifact,) = [p for n, p in artifacts(cmd.dirs["configs"]).items() if n.startswith(f"rmsnorm,{SPEC},")]
+    config = load_artifact(artifact).config
+    # a fresh scratch cache (as on a machine the artifacts are shipped to), and the cache the tune filled
+    fresh = {"FLYREG_CACHE_DIR": str(cmd.root / "empty-cache")}
+    as_json, as_text, cached = cmd.many(
+        [["show", "rmsnorm", "--spec", SPEC, "--spec", "M=32,N=999,backend=cpu,dtype=float32", "--device", "cpu",
+          "--json"],
+         ["show", "rmsnorm", "--spec", SPEC, "--device", "cpu"],
+         ["show", "rmsnorm", "--spec", SPEC, "--device", "cpu"]],
+        envs=[fresh, fresh, {}])
+    assert as_json.returncode == 0, as_json.stderr
+    served, untuned = json.loads(as_json.stdout)
+    assert (served["source"], served["path"], served["config"]) == ("offline", str(artifact), config.to_json())
+    assert (untuned["source"], untuned["path"]) == ("default", None)
+    assert as_text.returncode == 0, as_text.stderr
+    assert "source:  offline" in as_text.stdout and f"path:    {artifact}" in as_text.stdout
+    # the runtime looks in the scratch cache first, so that is the source; show names the artifact too
+    assert cached.returncode == 0, cached.stderr
+    assert "source:  cache" in cached.stdout and f"offline: {artifact}" in cached.stdout
+
+
+# -- check ---------------------------------------------------------------------------------------------------
+def test_check_good_and_bad_dirs(cmd: Flyreg, tuned: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (first,) = [p for n, p in artifacts(cmd.dirs["configs"]).items() if n.startswith(f"rmsnorm,{SPEC},")]
+    (bad / first.name).write_text("{ not json", encoding="utf-8")
+    misnamed = bad / first.name.replace("M=32,", "M=64,")
+    misnamed.write_text(first.read_text(encoding="utf-8"), encoding="utf-8")
+    good, broken = cmd.many([["check", str(cmd.dirs["configs"])], ["check", str(bad)]])
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert f"checked {CPU_WORKLOADS} artifact(s) in 1 dir(s): 0 problem(s)" in good.stdout
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert f"{bad / first.name}: error: unreadable JSON" in broken.stdout
+    assert f"{misnamed}: error: filename does not match its content" in broken.stdout
+    assert "checked 2 artifact(s) in 1 dir(s): 2 problem(s)" in broken.stdout
+
+
+# -- cache ---------------------------------------------------------------------------------------------------
+def test_cache_path_and_clear(cmd: Flyreg, tuned: Any) -> None:
+    path_all, path_op = cmd.many([["cache", "path"], ["cache", "path", "rmsnorm"]])
+    assert path_all.stdout == f"{cmd.dirs['cache']}\n"
+    assert path_op.stdout == f"{cmd.dirs['cache'] / 'rmsnorm.json'}\n"
+    assert (cmd.dirs["cache"] / "rmsnorm.json").is_file()  # the tune filled the scratch cache
+    one = cmd.run("cache", "clear", "rmsnorm")
+    assert (one.returncode, one.stdout) == (0, f"removed 1 cache file(s) from {cmd.dirs['cache']}\n")
+    assert not (cmd.dirs["cache"] / "rmsnorm.json").exists()
+    everything = cmd.run("cache", "clear")
+    assert everything.returncode == 0 and everything.stdout.startswith("removed 0 cache file(s)")
+
+
+# -- interruption --------------------------------------------------------------------------------------------
+def test_ctrl_c_keeps_finished_artifacts_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "sleepy-ops", "[flyreg.ops]\nsleepy = sleepy_ops\n",
+                             {"sleepy_ops/__init__.py": SLEEPY_MODULE})
+    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site))
+    out = tmp_path / "out"
+    proc = run.popen("tune", "sleepy", "--device", "cpu", "--out", str(out))
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()  # still tuning when the first artifact lands
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr
+    assert "interrupted: the artifacts written so far are kept" in stdout
+    assert "not run (interrupted)" in stdout
+    written = artifacts(out)
+    assert 1 <= len(written) < 20
+    for path in written.values():
+        json.loads(path.read_text(encoding="utf-8"))
+        assert load_artifact(path).filename == path.name
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)  # no .*.tmp left behind
