@@ -75,6 +75,8 @@ def clear(op: str | None = None) -> list[Path]:
     paths = [cache_file(op)] if op is not None else sorted(directory.glob("*.json"))
     removed = []
     for p in paths:
+        if not p.exists():
+            continue
         with filelock.FileLock(str(p) + ".lock"):
             try:
                 p.unlink()

@@ -59,6 +59,10 @@ def device_identity(device_type: str, index: int | None = None) -> DeviceIdentit
     import torch
 
     if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for, but CUDA is not available here")
+        if index is not None and not 0 <= index < torch.cuda.device_count():
+            raise ValueError(f"device 'cuda:{index}' does not exist: {torch.cuda.device_count()} CUDA device(s) here")
         idx = torch.cuda.current_device() if index is None else index
         props = torch.cuda.get_device_properties(idx)
         if getattr(torch.version, "hip", None):

@@ -316,7 +316,7 @@ class OfflineStore:
             if art is not None:
                 return self._hit(art, device, nearest=False)
         for _, d, fname in sorted(near, key=lambda t: t[0]):
-            art = self._usable(d / fname, None, device, accepts, same_product=False)
+            art = self._usable(d / fname, None, device, accepts, same_product=False, nearest=True)
             if art is not None and spec_text(self._fixed(art.spec)) == spec_text(self._fixed(spec)):
                 return self._hit(art, device, nearest=True)
         return None
@@ -351,11 +351,12 @@ class OfflineStore:
         return total
 
     def _usable(self, path: Path, spec: dict[str, JSONScalar] | None, device: DeviceIdentity, accepts: Accepts,
-                same_product: bool) -> Artifact | None:
+                same_product: bool, nearest: bool = False) -> Artifact | None:
         """The artifact at ``path`` if it may serve this call; warns once for each bad file.
 
         ``spec`` None skips the spec check (nearest lookup). A valid artifact of another
-        architecture is skipped silently: it is not a problem, just not for this device.
+        architecture, or a neighbour whose config the op would not take for this spec, is
+        skipped silently: it is not a problem, just not for this call.
         """
         try:
             art = load_artifact(path)
@@ -377,6 +378,8 @@ class OfflineStore:
             problems.append(f"arch {art.device.arch!r} != {device.arch!r}")
         if not problems:
             why = accepts(art.config)
+            if why and nearest:
+                return None
             if why:
                 problems.append(f"config {art.config} rejected: {why}")
         if problems:

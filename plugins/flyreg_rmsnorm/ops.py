@@ -30,6 +30,19 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+SPEC_AXES = ("M", "N", "backend", "dtype")
+
+
+def _on_triton(spec: dict[str, Any]) -> bool:
+    """Whether ``spec`` is for the Triton backend; a spec missing an axis is a clear ValueError."""
+    missing = [a for a in SPEC_AXES if a not in spec]
+    if missing:
+        raise ValueError(f"RMSNorm spec {spec} lacks axes {missing}; it needs {list(SPEC_AXES)}")
+    if spec["backend"] not in ("triton", "cpu"):
+        raise ValueError(f"RMSNorm spec 'backend' must be 'triton' or 'cpu', got {spec['backend']!r}")
+    return spec["backend"] == "triton"
+
+
 class RMSNormOp:
     """Hooks of one RMSNorm op; ``fused`` selects ``fused_add_rmsnorm``."""
 
@@ -64,7 +77,7 @@ class RMSNormOp:
     @hookimpl
     def build(self, config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
         knobs = config.kwargs
-        if spec["backend"] == "triton":
+        if _on_triton(spec):
             from . import triton_kernels as tk
 
             tile = {"BLOCK_N": knobs["BLOCK_N"], "ROWS": knobs["ROWS"]}
@@ -98,11 +111,11 @@ class RMSNormOp:
 
     @hookimpl
     def configs(self, spec: dict[str, Any]) -> list[Config]:
-        return space.triton_configs(spec) if spec["backend"] == "triton" else space.cpu_configs(spec)
+        return space.triton_configs(spec) if _on_triton(spec) else space.cpu_configs(spec)
 
     @hookimpl
     def default(self, spec: dict[str, Any]) -> Config:
-        return space.triton_default(spec) if spec["backend"] == "triton" else space.cpu_default(spec)
+        return space.triton_default(spec) if _on_triton(spec) else space.cpu_default(spec)
 
     @hookimpl
     def workloads(self, device: str) -> list[dict[str, Any]]:

@@ -49,3 +49,10 @@ def test_bad_input_is_a_clear_error_through_the_op() -> None:
         flyreg.op("rmsnorm")(x, torch.randn(7))
     with pytest.raises(TypeError, match="x"):
         flyreg.op("rmsnorm")(x.to(torch.int32), torch.randn(8))
+
+
+def test_incomplete_spec_names_the_missing_axes() -> None:
+    with pytest.raises(ValueError, match=r"lacks axes \['backend'\]"):
+        flyreg.resolve_spec("rmsnorm", {"M": 32, "N": 1024, "dtype": "float32"})
+    with pytest.raises(ValueError, match="'backend' must be"):
+        flyreg.resolve_spec("rmsnorm", {"M": 32, "N": 1024, "dtype": "float32", "backend": "tpu"})

@@ -184,3 +184,9 @@ def test_warn_once_per_key() -> None:
         _fileio.warn_once("flyreg: keyed", key="k")
         _fileio.warn_once("flyreg: keyed again", key="k")
     assert [str(w.message) for w in record] == ["flyreg: the same problem", "flyreg: keyed"]
+
+
+def test_clear_of_nothing_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "absent"))
+    assert cache.clear("rmsnorm") == [] and cache.clear() == []
+    assert not (tmp_path / "absent").exists()

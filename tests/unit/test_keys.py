@@ -192,3 +192,9 @@ def test_env_change_is_a_new_resolution(x: torch.Tensor, monkeypatch: pytest.Mon
     assert tuner.resolve(x, w).source == "memory"
     assert tuner.stats.searches == 2
     assert len(cache.load("keyed")) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+def test_cuda_identity_without_cuda_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        identity_of("cuda:0")

@@ -447,6 +447,16 @@ def test_nearest_skips_bad_neighbours(isolated_dirs: dict[str, Path]) -> None:
     assert (res.path, res.nearest) == (str(far), True)
 
 
+def test_nearest_skips_a_neighbour_the_op_would_not_take_here_silently(isolated_dirs: dict[str, Path]) -> None:
+    configs = isolated_dirs["configs"]
+    write_artifact(configs, Config({"CHUNK": 8}), {"N": 1024, "dtype": "float32"})  # not in this op's space
+    far = write_artifact(configs, Config({"CHUNK": 4096}), {"N": 65536, "dtype": "float32"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FlyregWarning)  # a sound neighbour that does not fit is no problem
+        res = make_tuner(ordered_axes=["N"]).resolve_spec({"N": 2048, "dtype": "float32"})
+    assert (res.path, res.nearest) == (str(far), True)
+
+
 # -- staleness ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("edit", ["torch", "op_version"])
 def test_stale_artifact_served_and_reported(edit: str, isolated_dirs: dict[str, Path]) -> None:
