@@ -16,6 +16,7 @@ _EXPORTS = {
     "Resolution": "tuner",
     "TuneError": "tuner",
     "TuneReport": "tuner",
+    "GraphCaptureError": "tuner",
     "autotune": "builder",
     "autotune_builder": "builder",
     "BuildCache": "builder",
@@ -33,6 +34,8 @@ _EXPORTS = {
     "register": "registry",
     "unregister": "registry",
     "UnknownOpError": "registry",
+    "OpUnavailableError": "registry",
+    "PluginError": "plugin",
 }
 
 __all__ = ["__version__", *_EXPORTS]
