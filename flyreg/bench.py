@@ -9,9 +9,10 @@ from typing import Any
 
 import attrs
 
-#: Bytes zeroed between reps to evict a GPU's L2 (the H200 has 60 MiB).
+#: Bytes zeroed between reps to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
+#: per ``do_bench`` call and dropped when it returns, back to torch's caching allocator: the
+#: process keeps no flush memory between searches (and none at all if it never searches).
 L2_FLUSH_BYTES = 256 * 1024 * 1024
-_flush_buffers: dict[Any, Any] = {}
 
 
 @attrs.frozen
@@ -71,6 +72,8 @@ def do_bench(
         return _bench_cpu(fn, warmup, rep, setup)
     import torch
 
+    if not torch.cuda.is_available():
+        raise ValueError(f"do_bench: device {device!r} is a CUDA device, but CUDA is not available here")
     dev = torch.device(device)
     with torch.cuda.device(dev):
         if cuda_graph:
@@ -95,11 +98,7 @@ def _bench_cpu(fn: Callable[[], Any], warmup: int, rep: int, setup: Callable[[],
 
 def _bench_cuda(torch: Any, dev: Any, fn: Callable[[], Any], warmup: int, rep: int,
                 setup: Callable[[], Any] | None, flush_l2: bool) -> BenchResult:
-    flush = None
-    if flush_l2:
-        flush = _flush_buffers.get(dev)
-        if flush is None:
-            flush = _flush_buffers[dev] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=dev)
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=dev) if flush_l2 else None
     for _ in range(warmup):
         if setup is not None:
             setup()

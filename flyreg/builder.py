@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -11,6 +12,23 @@ from typing import Any
 from .config import Config, JSONScalar, typed
 
 BuildFn = Callable[[Config, dict[str, JSONScalar]], Callable[..., Any]]
+
+#: Runs of characters an op name of a decorated function does not keep (``<locals>`` -> ``_locals_``).
+_NOT_IN_OP_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def default_op_name(fn: Callable[..., Any]) -> str:
+    """The op name of a decorated function: ``module.qualname``, e.g. ``mypkg.kernels.scale`` or
+    ``mypkg.kernels.make._locals_.scale``, so two functions of one name in different modules (or
+    scopes) never share cache entries or artifacts.
+
+    Characters other than ASCII letters, digits and ``._-`` become ``_``: the name then is its own
+    artifact filename part (``offline.name_part`` keeps ``._-``; a leading ``_``, as in
+    ``__main__``, is kept in the op name and gets a hash suffix in the filename).
+    """
+    module = getattr(fn, "__module__", None) or "_"
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return _NOT_IN_OP_NAME.sub("_", f"{module}.{qualname}")
 
 
 class BuildCache:
@@ -87,7 +105,8 @@ def autotune(
 
     ``key`` names the arguments whose values enter the cache key, as with ``triton.autotune``.
     Compiler hints are passed too when the callable takes them (``num_warps=...``). The op's
-    name is ``name``, else the function's ``__name__``; a caller may not pass a knob itself.
+    name is ``name``, else ``module.qualname`` of the function (:func:`default_op_name`); a
+    caller may not pass a knob itself.
 
     Example::
 
@@ -121,12 +140,14 @@ def autotune(
             bound.apply_defaults()
             return {k: bound.arguments[k] for k in key_names}
 
+        specialize.__signature__ = sig  # type: ignore[attr-defined]  # the tuner reads argument names from it
+
         def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
             return functools.partial(fn, **config.kwargs)
 
         from .tuner import Autotuner
 
-        tuner = Autotuner(name if name is not None else fn.__name__, build, specialize, configs,
+        tuner = Autotuner(name if name is not None else default_op_name(fn), build, specialize, configs,
                           (lambda spec: default) if default is not None else None,
                           arg_names=arg_names, **options)
         functools.update_wrapper(tuner, fn)

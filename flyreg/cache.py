@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -12,7 +13,7 @@ import filelock
 import platformdirs
 
 from ._fileio import warn_once, write_json_atomic
-from .keys import sanitize
+from .offline import name_part
 
 SCHEMA = 1
 
@@ -24,43 +25,68 @@ def cache_dir() -> Path:
 
 
 def cache_file(op: str) -> Path:
-    """The scratch cache file of ``op``."""
-    return cache_dir() / f"{sanitize(op)}.json"
+    """The scratch cache file of ``op``; distinct ops never share one (``a/b`` and ``a_b`` differ)."""
+    return cache_dir() / f"{name_part(op)}.json"
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    """The entries of ``path``; ``{}`` when absent, ``None`` (with a warning) when corrupt."""
+def _parse(text: str) -> dict[str, Any]:
+    """The content of a flyreg cache file of this schema; ``ValueError`` for anything else."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
+        raise ValueError("not a flyreg cache file of schema 1")
+    return data
+
+
+def _read(path: Path, op: str | None = None) -> dict[str, Any] | None:
+    """The entries of ``path``; ``{}`` when absent, ``None`` (with a warning) when corrupt or of another op.
+
+    With ``op``, a file whose ``"op"`` field names another op is not this op's cache (a file
+    written by hand, or by a flyreg that gave two ops one file name) and is ignored like a
+    corrupt one.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         warn_once(f"flyreg: cannot read cache file {path}: {e}; ignoring it")
         return None
     try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
-            raise ValueError("not a flyreg cache file of schema 1")
-    except ValueError as e:
+        data = _parse(text)
+    except (ValueError, RecursionError) as e:
         warn_once(f"flyreg: ignoring corrupt cache file {path}: {e}", key=f"corrupt:{path}:{len(text)}")
+        return None
+    if op is not None and "op" in data and data["op"] != op:
+        warn_once(f"flyreg: ignoring cache file {path}: it holds the entries of op {data.get('op')!r}, "
+                  f"not {op!r}", key=f"other-op:{path}:{op}")
         return None
     return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
 
 
+def _is_cache_file(path: Path) -> bool:
+    """True when ``path`` is a flyreg cache file of this schema (read quietly: no warning)."""
+    try:
+        _parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True
+
+
 def load(op: str) -> dict[str, dict[str, Any]]:
     """All entries of ``op``'s cache file, key -> entry; never raises on a bad file."""
-    return _read(cache_file(op)) or {}
+    return _read(cache_file(op), op) or {}
 
 
 def store(op: str, key: str, entry: dict[str, Any]) -> Path:
     """Add ``entry`` under ``key`` to ``op``'s cache file, keeping every other process's entries.
 
-    A corrupt file is moved aside (``.corrupt-<time>``), never overwritten.
+    A corrupt file, or one holding another op's entries, is moved aside (``.corrupt-<time>``),
+    never overwritten.
     """
     path = cache_file(op)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock"):
-        entries = _read(path)
+    with filelock.FileLock(f"{path}.lock"):
+        entries = _read(path, op)
         if entries is None:
             os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
             entries = {}
@@ -70,17 +96,28 @@ def store(op: str, key: str, entry: dict[str, Any]) -> Path:
 
 
 def clear(op: str | None = None) -> list[Path]:
-    """Delete ``op``'s cache file, or every op's; returns the files removed."""
+    """Delete ``op``'s cache file, or every op's; returns the files removed.
+
+    Only flyreg cache files are deleted: anything else in the cache directory (a user's
+    ``notes.json``, a corrupt file, a file moved aside) is left alone. Lock files stay, as
+    filelock expects: deleting one another process may be waiting on would break its lock.
+    """
     directory = cache_dir()
-    paths = [cache_file(op)] if op is not None else sorted(directory.glob("*.json"))
+    if op is not None:
+        paths = [cache_file(op)]
+    else:
+        try:
+            paths = sorted(p for p in directory.glob("*.json") if p.is_file())
+        except OSError:
+            paths = []
     removed = []
     for p in paths:
-        if not p.exists():
+        if not _is_cache_file(p):  # absent (no lock file is made for it), or not ours
             continue
-        with filelock.FileLock(str(p) + ".lock"):
-            try:
+        with filelock.FileLock(f"{p}.lock"):
+            if not _is_cache_file(p):  # deleted or replaced by another process meanwhile
+                continue
+            with contextlib.suppress(FileNotFoundError):
                 p.unlink()
                 removed.append(p)
-            except FileNotFoundError:
-                pass
     return removed

@@ -30,13 +30,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
-def _first_line(e: BaseException) -> str:
-    """``e`` as one line: a KeyError's key is quoted (``KeyError: 'backend'``), other text cut at the first newline."""
-    text = str(e.args[0]) if isinstance(e, LookupError) and not isinstance(e, KeyError) and e.args else str(e)
-    lines = text.strip().splitlines()
-    return lines[0] if lines else type(e).__name__
-
-
 def _user_errors(fn: F) -> F:
     """Turn flyreg's user-facing errors into one line and a non-zero exit (2 for an unknown op)."""
 
@@ -44,13 +37,14 @@ def _user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from .plugin import PluginError
         from .registry import OpUnavailableError, UnknownOpError
+        from .tune_jobs import one_line
 
         try:
             return fn(*args, **kwargs)
         except UnknownOpError as e:
-            raise click.UsageError(_first_line(e)) from None
+            raise click.UsageError(one_line(e, typed=False)) from None
         except (OpUnavailableError, PluginError, LookupError, ValueError, TypeError) as e:
-            raise click.ClickException(_first_line(e)) from None
+            raise click.ClickException(one_line(e, typed=False)) from None
         except OSError as e:
             where = f": {e.filename}" if e.filename else ""
             raise click.ClickException(f"{e.strerror or e}{where}") from None
@@ -120,11 +114,6 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def default_device() -> str:
-    """A GPU if present, else the CPU."""
-    return resolve_device(None)
-
-
 def _check_op_names(names: list[str]) -> None:
     """Raise UnknownOpError (with the closest name) for the first name no distribution registers."""
     from .registry import REGISTRY
@@ -155,13 +144,10 @@ def _out_dir(out: Path | None, create: bool) -> Path:
     return directory
 
 
-def spec_str(spec: dict[str, Any]) -> str:
-    """``{"N": 4096, "dtype": "bfloat16"}`` -> ``N=4096,dtype=bfloat16`` (what ``--spec`` takes)."""
-    return ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(spec.items()))
-
-
-_device_option = click.option("--device", default=None, callback=_device_syntax, metavar="cpu|cuda[:N]",
-                              help="Device to report for (default: a GPU if present, else the CPU).")
+def _device_option(what: str) -> Callable[[F], F]:
+    """The ``--device`` option; ``what`` starts its help (``Device to tune on``)."""
+    return click.option("--device", default=None, callback=_device_syntax, metavar="cpu|cuda[:N]",
+                        help=f"{what} (default: a GPU if present, else the CPU).")
 
 
 # -- the commands -------------------------------------------------------------------------------------
@@ -180,7 +166,7 @@ def cli() -> None:
 
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@_device_option
+@_device_option("Device to count artifacts for")
 @_user_errors
 def list_ops(as_json: bool, device: str | None) -> None:
     """List every registered op: status, description, structural knobs, artifacts for this device."""
@@ -229,8 +215,7 @@ def list_ops(as_json: bool, device: str | None) -> None:
 @click.argument("op_names", nargs=-1, metavar="[OP]...")
 @click.option("--spec", "specs", multiple=True, callback=_specs, metavar="AXIS=V,...",
               help="Tune this spec instead of the op's workloads (repeatable; needs OP).")
-@click.option("--device", default=None, callback=_device_syntax, metavar="cpu|cuda[:N]",
-              help="Device to tune on (default: a GPU if present, else the CPU).")
+@_device_option("Device to tune on")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Artifact dir (default: the first FLYREG_CONFIG_DIR entry, else the user config dir).")
 @click.option("--force", is_flag=True, help="Re-tune specs that already have a current artifact in the artifact dir.")
@@ -241,8 +226,9 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], device: str | N
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
-    A spec whose artifact in the artifact dir is current (same toolchain) is skipped unless
-    --force. A failing op or spec is reported and the others still run; the exit code is then 1.
+    A spec whose artifact in the artifact dir is current (lookup would serve it: named by its
+    content, for this device, a config the op offers, the same toolchain) is skipped unless
+    --force; a malformed one is moved aside before it is re-tuned. A failing op or spec is reported and the others still run; the exit code is then 1.
     Ctrl-C stops after keeping the artifacts written so far (exit 130).
     """
     from .tune_jobs import plan_jobs, print_plan, run_jobs
@@ -264,7 +250,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], device: str | N
 @click.argument("op_name", metavar="OP")
 @click.option("--spec", "specs", multiple=True, required=True, callback=_specs, metavar="AXIS=V,...",
               help="The spec to resolve (repeatable).")
-@_device_option
+@_device_option("Device to resolve for")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @_user_errors
 def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json: bool) -> None:
@@ -274,7 +260,7 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     default. No search is run.
     """
     from .keys import identity_of
-    from .registry import REGISTRY
+    from .registry import REGISTRY, accepts
 
     tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
     dev = resolve_device(device)
@@ -288,13 +274,13 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
         row = {"op": op_name, "spec": res.spec, "device": ident.to_json(), "config": res.config.to_json(),
                "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest, "offline": None}
         if res.source in ("cache", "memory"):  # what would serve it without the scratch cache
-            hit = tuner.offline.lookup(res.spec, ident, accepts=lambda _c: None)
+            hit = tuner.offline.lookup(res.spec, ident, accepts=lambda c, spec=res.spec: accepts(op_name, spec, c))
             row["offline"] = str(hit.path) if hit is not None else None
         out.append((row, res.config))
     if as_json:
         click.echo(json.dumps([r for r, _ in out], indent=2))
         return
-    from .tune_jobs import config_str
+    from .tune_jobs import config_str, spec_str
 
     for i, (r, config) in enumerate(out):
         if i:
@@ -316,8 +302,10 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
     """One line for a spec that resolves to nothing (or whose hooks fail on it)."""
+    from .tune_jobs import one_line, spec_str
+
     if type(e) is LookupError:  # the tuner's own "no cached, offline or default config"
-        return _first_line(e)
+        return one_line(e, typed=False)
     hint = ""
     try:
         from .registry import REGISTRY
@@ -327,40 +315,45 @@ def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str
             hint = f" (its workloads use the axes {', '.join(axes)})"
     except Exception:
         pass
-    return f"{op}: no config for spec {spec_str(spec)}: {type(e).__name__}: {_first_line(e)}{hint}"
+    return f"{op}: no config for spec {spec_str(spec)}: {one_line(e)}{hint}"
 
 
 @cli.command()
 @click.argument("dirs", nargs=-1, type=click.Path(path_type=Path), metavar="[DIR]...")
-@click.option("--strict", is_flag=True, help="Fail on stale artifacts (another toolchain) too.")
+@click.option("--strict", is_flag=True, help="Fail on stale artifacts and warnings too.")
 @_user_errors
 def check(dirs: tuple[Path, ...], strict: bool) -> None:
     """Validate offline artifacts in DIRs (default: every lookup directory that exists).
 
-    Checks each *.json: well-formed, named by its content, a known op, a sanitized device
-    name; and reports stale ones. Exits 1 if any problem (with --strict, any stale one too).
+    Checks each *.json: well-formed, named by its content, a known op, a config that op
+    accepts for its spec, a sanitized device name; and reports stale ones, and warns about
+    artifacts of ops that are broken or disabled here. Exits 1 if any error (with --strict,
+    any stale artifact or warning too).
     """
     from .offline import OfflineStore
-    from .registry import REGISTRY, ops
+    from .registry import REGISTRY, accepts, ops
     from .validate import check_artifacts
 
-    known, plugin_dirs = {}, []
+    known, unavailable, plugin_dirs = {}, {}, []
     for info in ops():
-        if info.status == "ok":
-            d = REGISTRY.plugin(info.name).description
-            known[info.name] = d.version
-            if d.config_dir:
-                plugin_dirs.append(d.config_dir)
+        if info.status != "ok":
+            unavailable[info.name] = info.status
+            continue
+        d = REGISTRY.plugin(info.name).description
+        known[info.name] = d.version
+        if d.config_dir:
+            plugin_dirs.append(d.config_dir)
     targets = list(dirs) or [d for d in OfflineStore("", plugin_dirs, (), "0").dirs() if d.is_dir()]
-    problems = check_artifacts(targets, known)
+    problems = check_artifacts(targets, known, accepts=accepts, unavailable=unavailable)
     n_files = sum(len([p for p in Path(d).iterdir() if p.name.endswith(".json")])
                   for d in targets if Path(d).is_dir())
     for p in problems:
         click.echo(str(p))
     failing = [p for p in problems if p.severity == "error" or strict]
-    stale = len(problems) - len(failing)
+    passing = {} if strict else {s: sum(1 for p in problems if p.severity == s) for s in ("stale", "warning")}
+    notes = [f"{n} {'stale' if s == 'stale' else 'warning(s)'}" for s, n in passing.items() if n]
     click.echo(f"checked {n_files} artifact(s) in {len(targets)} dir(s): {len(failing)} problem(s)"
-               + (f", {stale} stale (not an error without --strict)" if stale else ""))
+               + (f", {' and '.join(notes)} (not an error without --strict)" if notes else ""))
     if failing:
         sys.exit(1)
 
@@ -394,7 +387,7 @@ def cache_path(op_name: str | None) -> None:
 @click.argument("op_name", required=False, metavar="[OP]")
 @_user_errors
 def cache_clear(op_name: str | None) -> None:
-    """Delete OP's cache file, or every op's."""
+    """Delete OP's cache file, or every op's; other files in the cache directory are left alone."""
     from . import cache as scratch
 
     _cache_op(op_name)
@@ -403,6 +396,8 @@ def cache_clear(op_name: str | None) -> None:
     if directory.is_dir() and (op_name is None or scratch.cache_file(op_name).exists()):
         removed = scratch.clear(op_name)
     click.echo(f"removed {len(removed)} cache file(s) from {directory}")
+    if op_name is not None and not removed and scratch.cache_file(op_name).exists():
+        click.echo(f"flyreg: {scratch.cache_file(op_name)} is not a flyreg cache file; left it in place", err=True)
 
 
 # -- entry point ----------------------------------------------------------------------------------------

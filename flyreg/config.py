@@ -10,8 +10,6 @@ import attrs
 
 JSONScalar = Union[str, int, float, bool, None]
 
-#: Compiler hints that every backend understands; others (waves_per_eu, ...) pass through.
-STANDARD_HINTS = ("num_warps", "num_stages", "maxnreg")
 #: Names the constructor takes for itself, so no hint can be called so.
 _RESERVED_HINTS = frozenset({"kwargs", "pre_hook"})
 

@@ -132,7 +132,9 @@ def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Return what a correct call returns, computed plainly; used to gate wrong configs.
 
     Called once per search, before the candidates run; each candidate's result must match
-    it. It must not modify its inputs.
+    it. During a search it gets private copies of the ``restore_value`` and ``reset_to_zero``
+    tensors: updating those as the kernel would makes each candidate's in-place results
+    checked too. It must not modify any other input.
 
     Example::
 

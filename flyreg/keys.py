@@ -51,36 +51,67 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-@functools.lru_cache(maxsize=None)
 def device_identity(device_type: str, index: int | None = None) -> DeviceIdentity:
-    """The identity of a torch device (``"cuda"``, index) or the CPU; cached per process."""
+    """The identity of a torch device (``"cuda"``, index) or the CPU; cached per process.
+
+    ``("cuda", None)`` means the current CUDA device, read on every call (only the identity of an
+    explicit index is cached), so a later ``torch.cuda.set_device`` is honoured.
+    """
+    if device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            asked = "cuda" if index is None else f"cuda:{index}"
+            raise ValueError(f"device {asked!r} was asked for, but CUDA is not available here")
+        if index is None:
+            index = torch.cuda.current_device()
+    elif device_type != "cpu":
+        raise ValueError(f"device type {device_type!r} is not supported: flyreg tunes on 'cpu' or 'cuda[:N]' only")
+    return _device_identity(device_type, index)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_identity(device_type: str, index: int | None) -> DeviceIdentity:
     if device_type == "cpu":
         return DeviceIdentity(sanitize(_cpu_name()), f"cpu-{platform.machine() or 'unknown'}")
     import torch
 
-    if device_type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for, but CUDA is not available here")
-        if index is not None and not 0 <= index < torch.cuda.device_count():
-            raise ValueError(f"device 'cuda:{index}' does not exist: {torch.cuda.device_count()} CUDA device(s) here")
-        idx = torch.cuda.current_device() if index is None else index
-        props = torch.cuda.get_device_properties(idx)
-        if getattr(torch.version, "hip", None):
-            arch = str(getattr(props, "gcnArchName", "gfx")).split(":", 1)[0]
-        else:
-            arch = f"sm_{props.major}{props.minor}"
-        return DeviceIdentity(sanitize(props.name), arch)
-    return DeviceIdentity(sanitize(device_type), device_type)
+    if index is None or not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"device 'cuda:{index}' does not exist: {torch.cuda.device_count()} CUDA device(s) here")
+    props = torch.cuda.get_device_properties(index)
+    if getattr(torch.version, "hip", None):
+        arch = str(getattr(props, "gcnArchName", "gfx")).split(":", 1)[0]
+    else:
+        arch = f"sm_{props.major}{props.minor}"
+    return DeviceIdentity(sanitize(props.name), arch)
 
 
 def identity_of(device: Any) -> DeviceIdentity:
-    """Identity of a ``torch.device``, a device string such as ``"cuda:0"``, or ``None`` (the CPU)."""
+    """Identity of ``None`` (the CPU), a ``torch.device``, a device string (``"cpu"``, ``"cuda"``,
+    ``"cuda:1"``) or a CUDA index (``1`` is ``"cuda:1"``, as in torch).
+
+    Only CPU and CUDA devices are tuned on; anything else (``"gpu"``, ``"meta"``, ``"cuda:x"``,
+    ``"mps"``) is a ValueError naming the device.
+    """
     if device is None:
         return device_identity("cpu")
-    if isinstance(device, str):
-        kind, _, idx = device.partition(":")
-        return device_identity(kind, int(idx) if idx else None)
-    return device_identity(device.type, device.index)
+    import torch
+
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"device {device!r} is not a device: a CUDA index must be >= 0")
+        parsed = torch.device("cuda", device)
+    elif isinstance(device, (str, torch.device)):
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError, TypeError):
+            raise ValueError(f"device {device!r} is not a device string; use 'cpu', 'cuda' or 'cuda:N'") from None
+    else:
+        raise ValueError(f"device must be None, a torch.device, a device string or a CUDA index, "
+                         f"got {type(device).__name__} {device!r}")
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported: flyreg tunes on 'cpu' or 'cuda[:N]' devices only")
+    return device_identity(parsed.type, parsed.index if parsed.type == "cuda" else None)
 
 
 def _dist_version(name: str) -> str | None:

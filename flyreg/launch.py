@@ -17,6 +17,18 @@ class LaunchSignatureError(TypeError):
 ArgsFn = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
+def arg_name(arg_names: Sequence[str], i: int) -> str:
+    """The name of positional argument ``i``: its entry in ``arg_names``, else ``arg<i>``."""
+    return arg_names[i] if i < len(arg_names) else f"arg{i}"
+
+
+def named_args(args: tuple[Any, ...], kwargs: dict[str, Any], arg_names: Sequence[str]) -> dict[str, Any]:
+    """A call's arguments by name: positional ones named by :func:`arg_name`, then the keywords."""
+    named = {arg_name(arg_names, i): a for i, a in enumerate(args)}
+    named.update(kwargs)
+    return named
+
+
 class Launcher:
     """A launch callable bound to one config and one call signature.
 
@@ -64,7 +76,7 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
     n_pos, names = _params(launch)
     if n_pos is not None and len(args) > n_pos:
         i = n_pos
-        name = arg_names[i] if i < len(arg_names) else f"#{i}"
+        name = arg_name(arg_names, i)
         raise LaunchSignatureError(
             f"{op}: argument {name!r} (position {i}, value {reprlib.repr(args[i])}) is passed positionally, but the "
             f"launch callable takes {n_pos} positional argument(s); pass build-only scalars by keyword"
@@ -88,9 +100,7 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
     pre = None
     if pre_hook is not None:
         def pre(a: tuple[Any, ...], kw: dict[str, Any]) -> None:
-            named = {(arg_names[i] if i < len(arg_names) else f"arg{i}"): v for i, v in enumerate(a)}
-            named.update(kw)
-            pre_hook(named)
+            pre_hook(named_args(a, kw, arg_names))
 
     if not reset_pos and not reset_kw and pre is None:
         return Launcher(config, raw, raw)

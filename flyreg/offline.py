@@ -19,6 +19,7 @@ import json
 import math
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -230,7 +231,9 @@ def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentit
                   out_dir: str | os.PathLike[str] | None = None) -> Path:
     """Write the artifact of ``config`` atomically into ``out_dir`` (default :func:`emit_dir`); returns its path.
 
-    Raises ``TypeError`` for a spec value that is not a JSON scalar (a tuple, a list).
+    A malformed file already at that name (or one whose content is not what its name says) is
+    moved aside to ``<name>.corrupt-<time>`` first, never overwritten; a well-formed artifact
+    there is replaced. Raises ``TypeError`` for a spec value that is not a JSON scalar (a tuple, a list).
     """
     if not isinstance(op, str) or not op:
         raise ValueError(f"op must be a non-empty string, got {op!r}")
@@ -239,6 +242,7 @@ def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentit
     path = directory / artifact_filename(op, spec, device.name)
     if path.resolve().parent != directory.resolve():  # cannot happen with sanitized names; kept as a guard
         raise ValueError(f"artifact path {path} escapes the config dir {directory}")
+    _set_aside_if_malformed(path)
     write_json_atomic(path, {
         "schema": SCHEMA, "op": op, "spec": spec, "device": device.to_json(), "config": config.to_json(),
         "provenance": {"toolchain": fingerprint(op_version), "flyreg": __version__,
@@ -250,6 +254,25 @@ def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentit
     if listed is not None and parsed is not None:
         listed[path.name] = parsed
     return path
+
+
+def _set_aside_if_malformed(path: Path) -> None:
+    """Move whatever is at ``path`` to ``<name>.corrupt-<time>`` unless it is an artifact named by its content."""
+    if not os.path.lexists(path):
+        return
+    try:
+        if load_artifact(path).filename == path.name:
+            return
+        why = "its content is not what its name says"
+    except ArtifactError as e:
+        why = str(e)
+    aside = path.with_name(f"{path.name}.corrupt-{time.time_ns()}")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:  # gone meanwhile
+        return
+    warn_once(f"flyreg: {path} was not a usable artifact ({why}); moved it aside to {aside.name} "
+              f"before writing the new one")
 
 
 # -- lookup -----------------------------------------------------------------------------------------

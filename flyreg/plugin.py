@@ -39,7 +39,11 @@ class OpDescription:
 
     @classmethod
     def of(cls, raw: Mapping[str, Any] | None) -> OpDescription:
-        """Check and convert what ``describe()`` returned; raises :class:`PluginError` on anything malformed."""
+        """Check and convert what ``describe()`` returned; raises :class:`PluginError` on anything malformed.
+
+        ``restore_value`` and ``reset_to_zero`` need ``arg_names`` listing every name they give:
+        a name that is not an argument would otherwise never be restored or zeroed, silently.
+        """
         if raw is None:
             return cls()
         if not isinstance(raw, Mapping):
@@ -64,16 +68,29 @@ class OpDescription:
         config_dir = raw.get("config_dir")
         if config_dir is not None and not isinstance(config_dir, (str, os.PathLike)):
             raise PluginError(f"describe()['config_dir'] must be a path, got {config_dir!r}")
+        arg_names = names("arg_names")
+        restore_value = names("restore_value") or ()
+        reset_to_zero = names("reset_to_zero") or ()
+        for key, wanted in (("restore_value", restore_value), ("reset_to_zero", reset_to_zero)):
+            missing = [n for n in wanted if n not in (arg_names or ())]
+            if not missing:
+                continue
+            if arg_names is None:
+                raise PluginError(f"describe()[{key!r}] names arguments {missing}, but describe() gives no "
+                                  f"'arg_names' to find them by; add 'arg_names' (the positional argument names, "
+                                  f"in order)")
+            raise PluginError(f"describe()[{key!r}] names arguments {missing} that are not in "
+                              f"describe()['arg_names'] {list(arg_names)}")
         return cls(
             description=str(raw.get("description") or ""),
             version=str(raw.get("version", "0")),
             structural=names("structural"),
-            restore_value=names("restore_value") or (),
-            reset_to_zero=names("reset_to_zero") or (),
+            restore_value=restore_value,
+            reset_to_zero=reset_to_zero,
             ordered_axes=names("ordered_axes") or (),
             config_dir=Path(config_dir) if config_dir is not None else None,
             key_env=names("key_env") or (),
-            arg_names=names("arg_names"),
+            arg_names=arg_names,
         )
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .config import JSONScalar
+from .config import Config, JSONScalar
 from .plugin import OpPlugin, PluginError
 
 if TYPE_CHECKING:
@@ -68,6 +68,15 @@ def disabled_ops() -> set[str]:
 def _canonical(distribution: str) -> str:
     """A distribution name as packaging normalizes it (``My_Kernels`` is ``my-kernels``)."""
     return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _check_name(name: object) -> str:
+    """``name`` if it is an op name; ``TypeError`` (not a str) or ``ValueError`` (empty) naming ``name``."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be an op name (a non-empty str), got {type(name).__name__} {name!r}")
+    if not name.strip():
+        raise ValueError(f"name must be a non-empty op name, got {name!r}")
+    return name
 
 
 def _group_entry_points() -> Iterable[Any]:
@@ -127,8 +136,7 @@ class Registry:
 
         Raises :class:`PluginError` at once if the plugin is broken, ValueError if the name is taken.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"name must be a non-empty op name, got {name!r}")
+        _check_name(name)
         entries = self._discover()
         with self._lock:
             if name in entries:
@@ -146,6 +154,7 @@ class Registry:
 
         An op discovered from an entry point stays removed until the process restarts.
         """
+        _check_name(name)
         entries = self._discover()
         with self._lock:
             if name not in entries:
@@ -167,7 +176,7 @@ class Registry:
 
     def plugin(self, name: str) -> OpPlugin:
         """The usable plugin of op ``name``; raises for unknown, disabled or broken ops."""
-        entry = self._discover().get(name)
+        entry = self._discover().get(_check_name(name))
         if entry is None:
             raise self._unknown(name)
         if name in disabled_ops():
@@ -179,7 +188,7 @@ class Registry:
 
     def tuner(self, name: str) -> Autotuner:
         """The op's tuner, assembled from its hooks on first use."""
-        plugin = self.plugin(name)
+        plugin = self.plugin(name)  # checks the name
         entry = self._discover()[name]
         if entry.tuner is None:
             with self._lock:
@@ -250,6 +259,15 @@ def resolve(name: str, *args: Any, **kwargs: Any) -> Resolution:
 def resolve_spec(name: str, spec: dict[str, Any], device: Any = None) -> Resolution:
     """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search."""
     return REGISTRY.tuner(name).resolve_spec(spec, device)
+
+
+def accepts(name: str, spec: dict[str, JSONScalar], config: Config) -> str | None:
+    """Why op ``name`` would not take ``config`` (read from a file) for ``spec``, or None if it would.
+
+    Lookup serves a stored config only when it is one of the op's ``configs(spec)`` or its
+    ``default(spec)``, knobs and hints alike. Raises what the op's hooks raise for ``spec``.
+    """
+    return REGISTRY.tuner(name)._accepts(config, spec)
 
 
 def ops() -> list[OpInfo]:

@@ -11,7 +11,7 @@ from ._fileio import warn_once
 from .bench import BenchResult, do_bench
 from .compare import mismatch
 from .config import Config, JSONScalar
-from .launch import LaunchSignatureError
+from .launch import LaunchSignatureError, arg_name
 
 if TYPE_CHECKING:
     from .tuner import Autotuner, TuneReport
@@ -52,6 +52,19 @@ def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None,
 
 def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, ...], kwargs: dict[str, Any],
                named: dict[str, Any], device: Any, default: Config | None) -> TuneReport:
+    """Build, check and time every candidate on the call's own inputs; the report names the winner.
+
+    The correctness gate (with a reference) compares each candidate's return value with the
+    reference's and, for the in-place tensors (``restore_value`` and ``reset_to_zero``), the
+    state the candidate leaves them in with the state the reference left them in, where the
+    reference changed them. The reference runs once, on private copies of the in-place tensors
+    (restored, or zeroed), so it never touches the real ones: a reference that updates them as a
+    correct call does thereby states what each candidate must write; one that leaves them alone
+    (a pure reference, returning only the output) states nothing about them, and they are not
+    compared. Configs are never judged against each other (say, against the default's state):
+    that would reject every correct config whenever the baseline is the wrong one. With no
+    reference there is no ground truth, and nothing is rejected as wrong.
+    """
     from .tuner import TuneError, TuneReport
 
     cands = tuner._candidates(spec)
@@ -60,7 +73,8 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     if not cands:
         raise TuneError(f"{tuner.name}: no candidate configs for spec {spec}")
     restore = _tensors(tuner, tuner.restore_value, named, "restore_value")
-    zero = list(_tensors(tuner, tuner.reset_to_zero, named, "reset_to_zero").values())
+    zeroed = _tensors(tuner, tuner.reset_to_zero, named, "reset_to_zero")
+    zero = list(zeroed.values())
     snapshot = {n: t.clone() for n, t in restore.items()}
 
     def setup() -> None:
@@ -70,9 +84,10 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
             t.zero_()
 
     ref = None
+    expected: dict[str, torch.Tensor] = {}  # in-place tensor -> the state the reference left it in
+    in_place = {**restore, **zeroed}
     if tuner._reference is not None:
-        setup()
-        ref = _detach(tuner._reference(args, kwargs))  # it may return an input it updated in place
+        ref, expected = _run_reference(tuner, args, kwargs, snapshot, zeroed)
     timed: list[tuple[Config, BenchResult]] = []
     failed: list[tuple[Config, str]] = []
     rejected: list[tuple[Config, str]] = []
@@ -84,6 +99,8 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                 if ref is not None:
                     prepare()
                     why = mismatch(launcher.raw(args, kwargs), ref)
+                    for n, want in expected.items():
+                        why = why or mismatch(in_place[n], want, f"in-place argument {n!r}")
                     if why:
                         rejected.append((config, why))
                         warn_once(f"flyreg: {tuner.name}: config {config} rejected on spec {spec}: wrong result ({why})")
@@ -106,6 +123,24 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     winner, winner_ms = pick_winner(timed, default, tuner.tie_band)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
+
+
+def _run_reference(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any], snapshot: dict[str, torch.Tensor],
+                   zeroed: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The reference's result, and the in-place tensors it changed (name -> their state after it).
+
+    It gets the call's arguments with each in-place tensor swapped for a private copy: a
+    restored one for ``restore_value``, a zeroed one for ``reset_to_zero``.
+    """
+    copies = {n: t.clone() for n, t in snapshot.items()}
+    copies.update({n: torch.zeros_like(t) for n, t in zeroed.items()})
+    before = {n: c.clone() for n, c in copies.items()}
+    names = tuner.arg_names
+    ref_args = tuple(copies.get(arg_name(names, i), a) for i, a in enumerate(args))
+    ref_kwargs = {k: copies.get(k, v) for k, v in kwargs.items()}
+    ref = _detach(tuner._reference(ref_args, ref_kwargs))  # it may return a copy it updated in place
+    changed = {n: c for n, c in copies.items() if not torch.equal(c, before[n])}
+    return ref, changed
 
 
 def _with_pre_hook(setup: Callable[[], None], pre: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None,

@@ -6,6 +6,7 @@ Part of the command (imports rich); never imported by ``import flyreg``.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 from collections.abc import Iterable, Iterator
@@ -16,7 +17,8 @@ import attrs
 
 from .config import Config
 from .keys import DeviceIdentity, identity_of
-from .offline import OfflineStore, artifact_filename, canonical_spec, index, load_artifact, name_part, spec_text
+from .offline import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, index, load_artifact, name_part,
+                      spec_text)
 
 #: Exit codes of ``flyreg tune``.
 EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
@@ -58,22 +60,42 @@ def count_artifacts(op: str, device: DeviceIdentity, plugin_dirs: Iterable[Path]
     return len(names)
 
 
-def _current(path: Path, op_version: str) -> bool:
-    """True when ``path`` is a well-formed artifact tuned with the current toolchain."""
+def _current(path: Path, op: str, op_version: str, ident: DeviceIdentity) -> bool:
+    """True when lookup would serve ``path`` on ``ident`` as it is, so tuning it again is not needed.
+
+    That is: a well-formed artifact, named by its content, of ``op`` on this device (product and
+    architecture), holding a config the op takes for its spec, and tuned with the current
+    toolchain. Any other file at that name is re-tuned (and, if malformed, moved aside first).
+    """
+    from .registry import accepts
+
     try:
-        return path.is_file() and not load_artifact(path).stale(op_version)
-    except ValueError:
+        art = load_artifact(path)
+    except ArtifactError:  # absent, unreadable or malformed
+        return False
+    if art.filename != path.name or art.op != op or art.device != ident or art.stale(op_version):
+        return False
+    try:
+        return accepts(op, dict(art.spec), art.config) is None
+    except Exception:  # the op's hooks fail on its spec: the tune reports why
         return False
 
 
 def _skip_reason(op: str, spec: dict[str, Any], ident: DeviceIdentity, out_dir: Path, version: str) -> str | None:
     path = out_dir / artifact_filename(op, spec, ident.name)
-    return "current artifact" if _current(path, version) else None
+    return "current artifact" if _current(path, op, version, ident) else None
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+def one_line(e: BaseException, typed: bool = True) -> str:
+    """``e`` as one line: ``TypeName: first line of its message``, or with ``typed=False`` the line alone.
+
+    A LookupError's message is its text (a KeyError's key stays quoted: ``KeyError: 'backend'``).
+    """
+    lookup = isinstance(e, LookupError) and not isinstance(e, KeyError) and len(e.args) == 1
+    lines = (str(e.args[0]) if lookup else str(e)).strip().splitlines()
+    if not lines:
+        return type(e).__name__
+    return f"{type(e).__name__}: {lines[0]}" if typed else lines[0]
 
 
 def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out_dir: Path,
@@ -119,7 +141,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             try:
                 wanted = plugin.workloads(device)
             except Exception as e:  # a plugin's failing hook fails its op only
-                jobs.append(Job(name, {}, error=f"workloads() failed: {_one_line(e)}"))
+                jobs.append(Job(name, {}, error=f"workloads() failed: {one_line(e)}"))
                 continue
             if not wanted:
                 why = f"declares no workloads for {device}; pass --spec"
@@ -130,7 +152,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             try:
                 spec = canonical_spec(raw, "workload spec")
             except (TypeError, ValueError) as e:
-                jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {_one_line(e)}"))
+                jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {one_line(e)}"))
                 continue
             if spec_text(spec) in seen:
                 continue
@@ -198,14 +220,14 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
                           disable=not todo) as progress:
                 task = progress.add_task("tuning", total=len(todo))
                 for job in todo:
-                    progress.update(task, description=f"{job.op} {_spec_cell(job.spec)}")
+                    progress.update(task, description=f"{job.op} {spec_str(job.spec)}")
                     t0 = time.perf_counter()
                     try:
                         _tune_one(job, device, out_dir, force)
                     except KeyboardInterrupt:
                         raise
                     except Exception as e:  # one failing job never stops the others
-                        job.error = _one_line(e)
+                        job.error = one_line(e)
                     job.seconds = time.perf_counter() - t0
                     progress.advance(task)
         except KeyboardInterrupt:
@@ -231,7 +253,7 @@ def print_plan(jobs: list[Job], device: str, out_dir: Path) -> None:
     table.add_column("action", overflow="fold", ratio=1)
     for j in jobs:
         action = f"fail: {j.error}" if j.error else f"skip: {j.skip}" if j.skip else "tune"
-        table.add_row(_escape(j.op), _escape(_spec_cell(j.spec) or "-"), _escape(action))
+        table.add_row(_escape(j.op), _escape(spec_str(j.spec) or "-"), _escape(action))
     console.print(table)
     n = sum(1 for j in jobs if j.skip is None and j.error is None)
     console.print(f"{n} job(s) to tune, {len(jobs) - n} not; artifacts would go to {out_dir}",
@@ -251,8 +273,21 @@ def config_str(config: Config) -> str:
     return " ".join(f"{k}={v}" for k, v in (*config.knobs, *config.hint_items)) or "(no knobs)"
 
 
-def _spec_cell(spec: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(spec.items()))
+def spec_str(spec: dict[str, Any]) -> str:
+    """``{"N": 4096, "dtype": "bfloat16"}`` -> ``N=4096,dtype=bfloat16``: what ``--spec`` takes back.
+
+    Values are written as JSON, except strings that read back as themselves (``"8192"`` is quoted).
+    """
+    return ",".join(f"{k}={v if isinstance(v, str) and not _reads_as_json(v) else json.dumps(v)}"
+                    for k, v in sorted(spec.items()))
+
+
+def _reads_as_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _time(ms: float) -> str:
@@ -269,10 +304,10 @@ def _summary(console: Any, jobs: list[Job], device: str, out_dir: Path) -> None:
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     table.add_column("result", overflow="fold", ratio=1)
     for j in jobs:
-        spec = _spec_cell(j.spec) or "-"
+        spec = spec_str(j.spec) or "-"
         if j.tuned_spec is not None:
             changed = {k: v for k, v in j.tuned_spec.items() if j.spec.get(k, object()) != v}
-            spec += f" (as {_spec_cell(changed)})"
+            spec += f" (as {spec_str(changed)})"
         r = j.result
         if r is not None:
             speedup = f"{r.speedup:.2f}x" if r.speedup else "-"

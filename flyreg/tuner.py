@@ -17,10 +17,9 @@ from .bench import BenchResult, check_counts
 from .builder import BUILD_CACHE, BuildCache, BuildFn
 from .config import Config, JSONScalar
 from .keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
-from .launch import Launcher, bind_launcher
-from .offline import OfflineStore, emit_artifact
-
-SOURCES = ("memory", "cache", "offline", "default", "search")
+from .launch import Launcher, bind_launcher, named_args
+from .offline import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, emit_artifact, emit_dir, index,
+                      load_artifact, spec_text)
 
 
 class TuneError(RuntimeError):
@@ -40,8 +39,9 @@ def autotune_forced() -> bool:
 class Resolution:
     """The config a call gets, where this lookup found it (``source``) and where it came from (``origin``).
 
-    ``path`` is the artifact that served it; ``stale`` says that artifact came from another
-    toolchain; ``nearest`` that it was tuned for the nearest spec, not this one.
+    Both are one of ``"memory"`` (``source`` only), ``"cache"``, ``"offline"``, ``"default"`` and
+    ``"search"``. ``path`` is the artifact (or cache file) that served it; ``stale`` says that
+    artifact came from another toolchain; ``nearest`` that it was tuned for the nearest spec, not this one.
     """
 
     config: Config
@@ -77,6 +77,17 @@ class TuneReport:
         return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms > 0 else None
 
 
+@attrs.frozen
+class CallKey:
+    """What a call resolves by: its spec, its arguments by name, its device and the scratch-cache key."""
+
+    spec: dict[str, JSONScalar]
+    named: dict[str, Any]
+    device: Any
+    ident: DeviceIdentity
+    pkey: str
+
+
 @attrs.define
 class TunerStats:
     """Counters for tests and reports: searches run and configs benchmarked."""
@@ -93,6 +104,20 @@ class Autotuner:
     re-writes its results. The steady-state call builds a key, looks it up and launches.
     A new key met while a CUDA graph is being captured gets cache -> offline -> default and a
     one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``).
+
+    ``emit=True`` makes every new key either a hit on an artifact tuned for exactly its spec,
+    on this device product, with the current toolchain and op version (the one lookup serves
+    first), or a search whose winner is written as that artifact. Nothing else counts as a hit:
+    a scratch-cache entry, another product's artifact, a stale or a nearest-spec artifact and
+    the default are all searched, so running a workload once with ``emit=True`` writes an
+    artifact for every key it meets that has none. (A scratch-cache entry is searched again
+    rather than copied into an artifact: simpler, and every artifact then records a timing taken
+    for it in this run.) On a call, a failed artifact write warns once and the winner is still
+    served from memory; :meth:`tune` raises it.
+
+    ``restore_value`` and ``reset_to_zero`` must name arguments the tuner can find: entries of
+    ``arg_names`` (by default the positional parameters of ``specialize``) or keyword-only
+    parameters of ``specialize``. Name lists are lists (or tuples), never one string.
     """
 
     def __init__(
@@ -140,17 +165,19 @@ class Autotuner:
         self._specialize = specialize
         self._configs = configs
         self._default = default
-        self.structural = tuple(structural) if structural is not None else None
-        self.arg_names = tuple(arg_names) if arg_names is not None else _positional_names(specialize)
-        self.restore_value = tuple(restore_value)
-        self.reset_to_zero = tuple(reset_to_zero)
+        self.structural = _names(name, "structural", structural) if structural is not None else None
+        self.arg_names = _names(name, "arg_names", arg_names) if arg_names is not None else _params(specialize)[0]
+        self.restore_value = _names(name, "restore_value", restore_value)
+        self.reset_to_zero = _names(name, "reset_to_zero", reset_to_zero)
+        _check_in_place_names(name, self.restore_value, self.reset_to_zero, self.arg_names, _params(specialize)[1])
         self._prune = prune_configs_by
         self._reference = reference
-        self.key_env = tuple(key_env)
+        self.key_env = _names(name, "key_env", key_env)
         self.version = str(version)
         self.warmup, self.rep, self.tie_band, self.cuda_graph = warmup, rep, tie_band, cuda_graph
         self.emit = emit
-        self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], tuple(ordered_axes), self.version)
+        ordered = _names(name, "ordered_axes", ordered_axes)
+        self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], ordered, self.version)
         self.build_cache = build_cache if build_cache is not None else BUILD_CACHE
         self.stats = TunerStats()
         self.reports: dict[str, TuneReport] = {}
@@ -163,25 +190,34 @@ class Autotuner:
         key = self._fast_key(args, kwargs)
         try:
             launcher = self._bound.get(key)
-        except TypeError:  # an unhashable argument value
-            key = repr(key)
-            launcher = self._bound.get(key)
+        except TypeError:  # an argument that is unhashable even structurally (a dict): resolve, never remember
+            return self._launcher(args, kwargs).call(args, kwargs)
         if launcher is None:
-            res, spec = self._resolve_call(args, kwargs)
-            launcher = self._bind(res.config, spec, args, kwargs)
-            self._bound[key] = launcher
+            launcher = self._bound[key] = self._launcher(args, kwargs)
         return launcher.call(args, kwargs)
 
     def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The in-memory key of a call: a tensor by (dtype, shape, stride, device), a list or tuple by
+        its items (recursively), any other value with its type (``1``, ``1.0`` and ``True`` differ).
+
+        Keywords are taken in the order given, unsorted: another order is another entry, bound
+        once to the same resolution (the persistent key sorts them).
+        """
         tensor = torch.Tensor
-        key = [(a.dtype, a.shape, a.stride(), a.device) if isinstance(a, tensor) else a for a in args]
+        key = [(a.dtype, a.shape, a.stride(), a.device) if isinstance(a, tensor)
+               else _structural_key(a) if isinstance(a, _SEQUENCES) else (a.__class__, a) for a in args]
         if kwargs:
-            for k in sorted(kwargs):
-                v = kwargs[k]
-                key.append((k, (v.dtype, v.shape, v.stride(), v.device) if isinstance(v, tensor) else v))
+            for k, v in kwargs.items():
+                key.append((k, v.dtype, v.shape, v.stride(), v.device) if isinstance(v, tensor)
+                           else (k, _structural_key(v)) if isinstance(v, _SEQUENCES) else (k, v.__class__, v))
         if self.key_env:
             key.append(env_values(self.key_env))
         return tuple(key)
+
+    def _launcher(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher:
+        """Resolve a call whose key is not in memory and bind its config to this call's signature."""
+        res, spec = self._resolve_call(args, kwargs)
+        return self._bind(res.config, spec, args, kwargs)
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self, *args: Any, **kwargs: Any) -> Resolution:
@@ -201,26 +237,39 @@ class Autotuner:
             raise LookupError(f"{self.name}: no cached, offline or default config for spec {spec}; tune it first")
         return hit
 
-    def _resolve_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Resolution, dict[str, JSONScalar]]:
+    def _call_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallKey:
         spec = normalize_spec(self._specialize(*args, **kwargs), f"{self.name}: specialize() result")
-        named = self._named(args, kwargs)
+        named = named_args(args, kwargs, self.arg_names)
         device = _device_of(named.values())
         ident = identity_of(device)
         pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
-        res = self._resolved.get(pkey)
+        return CallKey(spec, named, device, ident, pkey)
+
+    def _record(self, ck: CallKey, res: Resolution) -> None:
+        self._resolved[ck.pkey] = res
+        self._by_spec[(_spec_key(ck.spec), ck.ident)] = res
+
+    def _resolve_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Resolution, dict[str, JSONScalar]]:
+        ck = self._call_key(args, kwargs)
+        spec = ck.spec
+        res = self._resolved.get(ck.pkey)
         if res is not None:
             return attrs.evolve(res, source="memory"), spec
-        res = None
         forced = autotune_forced()
-        if capturing(device):  # a search would benchmark and synchronize inside the capture
-            res = self._resolve_in_capture(spec, pkey, ident, forced)
-        elif not forced:  # with emission on, a miss is searched (and emitted) rather than defaulted
-            res = self._from_disk(pkey, spec) or self._from_offline(spec, ident)
-            res = res or (None if self.emit else self._from_default(spec))
+        if capturing(ck.device):  # a search would benchmark and synchronize inside the capture
+            res = self._resolve_in_capture(spec, ck.pkey, ck.ident, forced)
+        elif forced:
+            res = None
+        elif self.emit:  # only this key's own current artifact is a hit; anything else is searched and written
+            res = self._exact_artifact(spec, ck.ident)
+        else:
+            res = self._from_disk(ck.pkey, spec) or self._from_offline(spec, ck.ident) or self._from_default(spec)
         if res is None:
-            res = self._search(spec, args, kwargs, named, device, ident, pkey, emit=forced or self.emit)
-        self._resolved[pkey] = res
-        self._by_spec[(_spec_key(spec), ident)] = res
+            res, error = self._search(ck, args, kwargs, emit=forced or self.emit)
+            if error is not None:
+                warn_once(f"flyreg: {self.name}: {error}; the winner is served from memory only",
+                          key=f"emit-failed:{self.name}")
+        self._record(ck, res)
         return res, spec
 
     def _resolve_in_capture(self, spec: dict[str, JSONScalar], pkey: str, ident: DeviceIdentity,
@@ -294,6 +343,29 @@ class Autotuner:
             return None
         return Resolution(self._canonical(config, spec), "cache", spec, "cache", path=str(path))
 
+    def _exact_artifact(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
+        """The artifact lookup serves first for ``spec`` on this product, when it is current; else None.
+
+        Emission's notion of a hit. Files lookup would skip (malformed, mismatched, a config the
+        op does not take) are skipped here too, silently: the search that follows replaces them.
+        """
+        canon = canonical_spec(spec)
+        fname = artifact_filename(self.name, canon, ident.name)
+        for d in self.offline.dirs():
+            if fname not in index(d):
+                continue
+            try:
+                art = load_artifact(d / fname)
+            except ArtifactError:
+                continue
+            if (art.op != self.name or art.filename != fname or spec_text(art.spec) != spec_text(canon)
+                    or art.device != ident or self._accepts(art.config, spec)):
+                continue
+            if art.stale(self.version):
+                return None
+            return Resolution(self._canonical(art.config, spec), "offline", spec, "offline", path=str(art.path))
+        return None
+
     def _from_offline(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
         hit = self.offline.lookup(spec, ident, accepts=lambda c: self._accepts(c, spec))
         if hit is None:
@@ -320,12 +392,6 @@ class Autotuner:
         return list(dict.fromkeys(cands))
 
     # -- binding and searching --------------------------------------------------------------
-    def _named(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        names = self.arg_names
-        named = {(names[i] if i < len(names) else f"arg{i}"): a for i, a in enumerate(args)}
-        named.update(kwargs)
-        return named
-
     def _bind(self, config: Config, spec: dict[str, JSONScalar], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Launcher:
         launch = self.build_cache.get(self.name, config, spec, self.structural, self._build)
@@ -333,51 +399,107 @@ class Autotuner:
 
     def tune(self, *args: Any, emit: bool = True, out_dir: str | os.PathLike[str] | None = None,
              **kwargs: Any) -> TuneReport:
-        """Search the configs of this call now (whatever is cached), store the winner and return the report."""
-        spec = normalize_spec(self._specialize(*args, **kwargs), f"{self.name}: specialize() result")
-        named = self._named(args, kwargs)
-        device = _device_of(named.values())
-        ident = identity_of(device)
-        pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
-        if capturing(device):
+        """Search the configs of this call now (whatever is cached), store the winner and return the report.
+
+        A failed artifact write raises OSError after the winner is stored in memory and in the scratch cache.
+        """
+        ck = self._call_key(args, kwargs)
+        if capturing(ck.device):
             raise GraphCaptureError(f"{self.name}: tune() called while a CUDA graph is being captured; "
                                     f"tune before capture (a search benchmarks and synchronizes)")
-        res = self._search(spec, args, kwargs, named, device, ident, pkey, emit=emit, out_dir=out_dir)
-        self._resolved[pkey] = res
-        self._by_spec[(_spec_key(spec), ident)] = res
+        res, error = self._search(ck, args, kwargs, emit=emit, out_dir=out_dir)
+        self._record(ck, res)
         self._bound.clear()
-        return self.reports[pkey]
+        if error is not None:
+            raise OSError(f"{self.name}: {error}") from error.__cause__
+        return self.reports[ck.pkey]
 
-    def _search(self, spec: dict[str, JSONScalar], args: tuple[Any, ...], kwargs: dict[str, Any],
-                named: dict[str, Any], device: Any, ident: DeviceIdentity, pkey: str, *, emit: bool,
-                out_dir: str | os.PathLike[str] | None = None) -> Resolution:
+    def _search(self, ck: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any], *, emit: bool,
+                out_dir: str | os.PathLike[str] | None = None) -> tuple[Resolution, OSError | None]:
+        """Search, store the winner in the scratch cache and, with ``emit``, write its artifact.
+
+        Returns the resolution and the error of a failed artifact write (None when written or not asked).
+        """
         from .search import run_search
 
+        spec, ident = ck.spec, ck.ident
         self.stats.searches += 1
         default = self._from_default(spec)
-        report = run_search(self, spec, args, kwargs, named, device, default.config if default else None)
+        report = run_search(self, spec, args, kwargs, ck.named, ck.device, default.config if default else None)
         entry = {"spec": spec, "device": ident.to_json(), "toolchain": fingerprint(self.version),
                  "env": dict(env_values(self.key_env)), "config": report.winner.to_json(),
                  "time_ms": report.winner_ms, "default_ms": report.default_ms,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         try:
-            cache.store(self.name, pkey, entry)
+            cache.store(self.name, ck.pkey, entry)
         except OSError as e:
             warn_once(f"flyreg: {self.name}: could not write the scratch cache: {e}")
-        artifact = None
+        artifact, error = None, None
         if emit:
-            artifact = str(emit_artifact(self.name, spec, ident, report.winner, self.version,
-                                         report.winner_ms, report.default_ms, out_dir))
-        self.reports[pkey] = attrs.evolve(report, artifact=artifact)
-        return Resolution(report.winner, "search", spec, "search", path=artifact)
+            try:
+                artifact = str(emit_artifact(self.name, spec, ident, report.winner, self.version,
+                                             report.winner_ms, report.default_ms, out_dir))
+            except OSError as e:
+                where = out_dir if out_dir is not None else emit_dir()
+                error = OSError(f"could not write the artifact of spec {spec} into {os.fspath(where)!r}: "
+                                f"{type(e).__name__}: {e}")
+                error.__cause__ = e
+        self.reports[ck.pkey] = attrs.evolve(report, artifact=artifact)
+        return Resolution(report.winner, "search", spec, "search", path=artifact), error
 
 
-def _positional_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+_SEQUENCES = (list, tuple)
+
+
+def _structural_key(value: Any) -> Any:
+    """``value`` for the in-memory key: tensors by layout, lists and tuples item by item, others typed."""
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.shape, value.stride(), value.device)
+    if isinstance(value, _SEQUENCES):
+        return (value.__class__, tuple(_structural_key(v) for v in value))
+    return (value.__class__, value)
+
+
+def _params(fn: Callable[..., Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(positional parameter names, keyword-only parameter names) of ``fn``; empty when unknown."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return ()
-    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        return (), ()
+    return (tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
+            tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY))
+
+
+def _names(op: str, what: str, value: Any) -> tuple[str, ...]:
+    """``value`` (a list of names) as a tuple; a single string, a non-iterable or a non-name is a TypeError."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{op}: {what} must be a list of names, got the string {value!r} "
+                        f"(write [{value!r}] for one name)")
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f"{op}: {what} must be a list of names, got {type(value).__name__}") from None
+    bad = [v for v in names if not isinstance(v, str) or not v]
+    if bad:
+        raise TypeError(f"{op}: {what} must be a list of non-empty strings, got {bad[0]!r} in it")
+    return names
+
+
+def _check_in_place_names(op: str, restore_value: tuple[str, ...], reset_to_zero: tuple[str, ...],
+                          arg_names: tuple[str, ...], keyword_only: tuple[str, ...]) -> None:
+    """Every ``restore_value`` and ``reset_to_zero`` name must be findable in a call, else ValueError.
+
+    A name outside ``arg_names`` could only ever match a keyword argument: passed by position it
+    would silently be neither restored nor zeroed. Keyword-only parameters of ``specialize`` are
+    fine (they cannot be passed by position).
+    """
+    known = set(arg_names) | set(keyword_only)
+    for what, names in (("restore_value", restore_value), ("reset_to_zero", reset_to_zero)):
+        missing = [n for n in names if n not in known]
+        if missing:
+            have = f"arg_names is {list(arg_names)}" if arg_names else "no arg_names were given or found"
+            raise ValueError(f"{op}: {what} names {missing}, which are not among the call's argument names "
+                             f"({have}); pass arg_names=[...] naming the positional arguments in order")
 
 
 def capturing(device: Any) -> bool:

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from .config import Config, JSONScalar
 from .keys import fingerprint, toolchain
 from .offline import ArtifactError, load_artifact, name_part, parse_filename
 
-#: ``error``: lookup will not serve the file as intended; ``stale``: tuned with another toolchain.
-SEVERITIES = ("error", "stale")
+#: ``accepts(op, spec, config)``: why ``op`` would not take ``config`` for ``spec``, or None.
+Accepts = Callable[[str, dict[str, JSONScalar], Config], "str | None"]
 
 
 @attrs.frozen
 class Problem:
-    """One finding; ``severity`` is ``error`` (the file will not be served) or ``stale`` (another toolchain)."""
+    """One finding.
+
+    ``severity`` is ``error`` (lookup will not serve the file as intended), ``stale`` (tuned with
+    another toolchain) or ``warning`` (its op is broken or disabled here, so it cannot be checked
+    against the op); only ``error`` fails ``flyreg check`` without ``--strict``.
+    """
 
     path: Path
     severity: str
@@ -31,13 +37,20 @@ class Problem:
 def check_artifacts(
     dirs: Iterable[str | os.PathLike[str]],
     known_ops: Mapping[str, str] | None = None,
+    *,
+    accepts: Accepts | None = None,
+    unavailable: Mapping[str, str] | None = None,
 ) -> list[Problem]:
-    """Check every ``*.json`` in ``dirs``: schema, filename against content, known op, device, staleness.
+    """Check every ``*.json`` in ``dirs``: schema, filename against content, known op, config, device, staleness.
 
     ``known_ops`` maps op name -> op version; when given, unknown ops are errors and an artifact
     whose toolchain fingerprint differs from the op's current one is ``stale``. Without it, only
-    the shared part of the toolchain (flyreg, torch, Triton, CUDA/HIP) is compared. Never raises
-    for a bad file or directory.
+    the shared part of the toolchain (flyreg, torch, Triton, CUDA/HIP) is compared.
+    ``accepts(op, spec, config)`` says why a known op would not take the artifact's config for
+    its spec (None when it would); lookup ignores such a file, so it is an error. An exception
+    it raises is an error too. ``unavailable`` maps the ops that are registered but unusable
+    here to their status (``broken``, ``disabled``): their artifacts get a ``warning``, not an
+    unknown-op error. Never raises for a bad file or directory.
     """
     problems: list[Problem] = []
     for d in dirs:
@@ -48,11 +61,12 @@ def check_artifacts(
             problems.append(Problem(directory, "error", f"not a readable directory: {e}"))
             continue
         for path in paths:
-            problems.extend(_check_one(path, known_ops))
+            problems.extend(_check_one(path, known_ops, accepts, unavailable or {}))
     return problems
 
 
-def _check_one(path: Path, known_ops: Mapping[str, str] | None) -> list[Problem]:
+def _check_one(path: Path, known_ops: Mapping[str, str] | None, accepts: Accepts | None,
+               unavailable: Mapping[str, str]) -> list[Problem]:
     if parse_filename(path.name) is None:
         hint = "hidden files are" if path.name.startswith(".") else "the name is"
         return [Problem(path, "error",
@@ -67,11 +81,24 @@ def _check_one(path: Path, known_ops: Mapping[str, str] | None) -> list[Problem]
                                             f"(runtime names are ASCII letters, digits and ._-)"))
     if path.name != art.filename:
         found.append(Problem(path, "error", f"filename does not match its content (expected {art.filename})"))
-    current = fingerprint(known_ops[art.op]) if known_ops is not None and art.op in known_ops else None
-    if known_ops is not None and current is None:
+    known = known_ops is not None and art.op in known_ops
+    if art.op in unavailable and not known:
+        found.append(Problem(path, "warning", f"op {art.op!r} is {unavailable[art.op]} here, so its config "
+                                              f"and op version are not checked"))
+    elif known_ops is not None and not known:
         found.append(Problem(path, "error", f"unknown op {art.op!r} (known: {', '.join(sorted(known_ops)) or 'none'})"))
+    elif known and accepts is not None:
+        try:
+            why = accepts(art.op, dict(art.spec), art.config)
+        except Exception as e:  # a plugin's hook failing on this spec: lookup would fail on it too
+            why = f"its configs() or default() failed on the spec: {type(e).__name__}: {' '.join(str(e).split())}"
+        if why:
+            found.append(Problem(path, "error", f"config not accepted by op {art.op!r} for spec "
+                                                f"{_spec_text(art.spec)}: {why}; lookup ignores this file"))
     have: dict[str, Any] = dict(art.provenance["toolchain"])  # load_artifact checked it is an object
-    if current is None:  # no op version to compare: the shared part of the toolchain only
+    if known:
+        current = fingerprint(known_ops[art.op])  # type: ignore[index]
+    else:  # no op version to compare: the shared part of the toolchain only
         current = dict(toolchain())
         have.pop("op", None)
     if have != current:
@@ -80,3 +107,7 @@ def _check_one(path: Path, known_ops: Mapping[str, str] | None) -> list[Problem]
                                              f"{ {k: have.get(k) for k in changed} } vs current "
                                              f"{ {k: current.get(k) for k in changed} }); re-tune it"))
     return found
+
+
+def _spec_text(spec: Mapping[str, JSONScalar]) -> str:
+    return ",".join(f"{k}={v}" for k, v in spec.items())

@@ -143,7 +143,9 @@ class RMSNormOp:
         x = a["x"]
         if self.fused:
             r = a["residual"]
-            src = (r.double() + x.double()).to(r.dtype).double()
+            summed = (r.double() + x.double()).to(r.dtype)
+            r.copy_(summed)  # the search passes a private copy: candidates' residual updates get checked
+            src = summed.double()
         else:
             src = x.double()
         norm = torch.rsqrt(src.square().mean(dim=-1, keepdim=True) + a["eps"])

@@ -374,3 +374,53 @@ def test_ctrl_c_keeps_finished_artifacts_and_leaves_no_partial_file(tmp_path: Pa
         json.loads(path.read_text(encoding="utf-8"))
         assert load_artifact(path).filename == path.name
     assert sorted(p.name for p in out.iterdir()) == sorted(written)  # no .*.tmp left behind
+
+
+# -- check, show and cache clear against what the runtime would really serve -------------------------------
+def test_check_asks_the_op_about_configs_and_warns_for_unusable_ops(cmd: Flyreg, tuned: Any, tmp_path: Path) -> None:
+    (good,) = [p for n, p in artifacts(cmd.dirs["configs"]).items() if n.startswith(f"rmsnorm,{SPEC},")]
+    data = json.loads(good.read_text(encoding="utf-8"))
+    dirs = {name: tmp_path / name for name in ("rejected", "unusable")}
+    for d in dirs.values():
+        d.mkdir()
+    (dirs["rejected"] / good.name).write_text(json.dumps({**data, "config": {"kwargs": {"ROW_BLOCK": 7}, "hints": {}}}))
+    for op in ("broken_op", "fused_add_rmsnorm"):
+        name = good.name.replace("rmsnorm,", f"{op},", 1)
+        (dirs["unusable"] / name).write_text(json.dumps({**data, "op": op}))
+    rejected, unusable, strict = cmd.many([["check", str(dirs["rejected"])], ["check", str(dirs["unusable"])],
+                                           ["check", "--strict", str(dirs["unusable"])]],
+                                          FLYREG_DISABLE_OPS="fused_add_rmsnorm")
+    assert rejected.returncode == 1, rejected.stdout + rejected.stderr
+    assert (f"{dirs['rejected'] / good.name}: error: config not accepted by op 'rmsnorm' for spec {SPEC}: "
+            f"it is not among this op's") in rejected.stdout
+    assert unusable.returncode == 0, unusable.stdout + unusable.stderr
+    lines = unusable.stdout.splitlines()
+    assert any(": warning: op 'broken_op' is broken here" in line for line in lines), unusable.stdout
+    assert any(": warning: op 'fused_add_rmsnorm' is disabled here" in line for line in lines), unusable.stdout
+    assert "unknown op" not in unusable.stdout
+    assert "checked 2 artifact(s) in 1 dir(s): 0 problem(s), 2 warning(s) (not an error without --strict)" in lines
+    assert strict.returncode == 1 and "checked 2 artifact(s) in 1 dir(s): 2 problem(s)" in strict.stdout
+
+
+def test_show_names_only_an_artifact_the_runtime_would_serve_and_clear_keeps_user_files(tmp_path: Path) -> None:
+    run = Flyreg(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    tune = run.run("tune", "rmsnorm", "--device", "cpu", "--spec", SPEC, "--out", str(elsewhere))
+    assert tune.returncode == 0, tune.stdout + tune.stderr  # fills the scratch cache, writes no artifact here
+    (written,) = artifacts(elsewhere).values()
+    data = json.loads(written.read_text(encoding="utf-8"))
+    rejected = run.dirs["configs"] / written.name
+    rejected.write_text(json.dumps({**data, "config": {"kwargs": {"ROW_BLOCK": 7}, "hints": {}}}))
+    shown = run.run("show", "rmsnorm", "--spec", SPEC, "--device", "cpu", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (row,) = json.loads(shown.stdout)
+    assert (row["source"], row["offline"]) == ("cache", None)  # the runtime would ignore the rejected file
+
+    notes = run.dirs["cache"] / "notes.json"
+    notes.write_text('{"mine": true}', encoding="utf-8")
+    one = run.run("cache", "clear", "notes")
+    everything = run.run("cache", "clear")
+    assert one.returncode == 0 and one.stdout.startswith("removed 0 cache file(s)")
+    assert "is not a flyreg cache file; left it in place" in one.stderr
+    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache file(s)")
+    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]  # lock files may stay

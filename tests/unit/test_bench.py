@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
+import types
+import weakref
 from typing import Any
 
 import pytest
@@ -102,3 +104,47 @@ def test_result_of_times() -> None:
     assert one.median == one.p20 == one.p80 == 2.5 and one.spread == 0.0
     with pytest.raises(ValueError):
         BenchResult.of([])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_cuda_device_without_cuda_is_a_clear_error(device: Any) -> None:
+    ran: list[int] = []
+    with pytest.raises(ValueError, match=r"device .*cuda.* CUDA is not available"):
+        do_bench(lambda: ran.append(1), device=device)
+    assert ran == []
+
+
+def test_l2_flush_buffer_is_taken_once_per_timing_and_not_kept() -> None:
+    """The CUDA timing loop, run on a fake torch: one flush buffer per do_bench, zeroed before each
+    timed rep, and dropped (back to the allocator) when the timing returns."""
+    made: list[weakref.ref[Any]] = []
+    zeroed: list[int] = []
+
+    class Buffer:
+        def zero_(self) -> None:
+            zeroed.append(1)
+
+    def empty(nbytes: int, dtype: Any, device: Any) -> Buffer:
+        assert nbytes == bench_mod.L2_FLUSH_BYTES
+        buf = Buffer()
+        made.append(weakref.ref(buf))
+        return buf
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            pass
+
+        def record(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Any) -> float:
+            return 1.0
+
+    fake = types.SimpleNamespace(int8="int8", empty=empty,
+                                 cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    for _ in range(2):
+        r = bench_mod._bench_cuda(fake, "cuda:0", lambda: None, 2, 5, None, True)
+        assert r.reps == 5
+    assert len(made) == 2 and all(ref() is None for ref in made)
+    assert len(zeroed) == 2 * 5  # timed reps only

@@ -31,7 +31,8 @@ def test_decorator_injects_knobs_as_kwargs() -> None:
     y = double(x, out, x.shape[0])
     assert y is out and torch.equal(y, x * 2)
     assert {c for _, c in seen} == set(chunks)  # every knob value reached the callable as CHUNK=
-    assert double.stats.searches == 1 and double.__name__ == "double" and double.name == "double"
+    assert double.stats.searches == 1 and double.__name__ == "double"
+    assert double.name == f"{__name__}.test_decorator_injects_knobs_as_kwargs._locals_.double"
     chosen = double.resolve(x, out, x.shape[0]).config.kwargs["CHUNK"]
     seen.clear()
     double(x, out, x.shape[0])
@@ -245,3 +246,96 @@ def test_launch_with_var_kwargs_gets_everything() -> None:
                                     build_cache=BuildCache(), **FAST)
     tuner(*inputs(), eps=0.5)
     assert got and all(kw == {"eps": 0.5, "num_warps": 4} for kw in got)
+
+
+# -- the op name of a decorated function -------------------------------------------------------
+
+
+def _kernel_in(module: str, factor: float) -> Any:
+    """A function named ``kernel`` defined in module ``module``: ``out = factor * x``."""
+    scope: dict[str, Any] = {"__name__": module, "torch": torch, "factor": factor}
+    exec("def kernel(x, out, CHUNK):\n    return torch.mul(x, factor, out=out)\n", scope)
+    return scope["kernel"]
+
+
+def test_decorated_functions_of_one_name_in_two_modules_are_two_ops(isolated_dirs: dict[str, Any]) -> None:
+    configs = [Config({"CHUNK": c}) for c in (4, 64)]
+    a = flyreg.autotune(configs, key=[], emit=True, **FAST)(_kernel_in("pkg_a.ops", 2.0))
+    b = flyreg.autotune(configs, key=[], emit=True, **FAST)(_kernel_in("pkg_b.ops", 3.0))
+    assert (a.name, b.name) == ("pkg_a.ops.kernel", "pkg_b.ops.kernel")
+    assert a.__name__ == b.__name__ == "kernel"
+    x, out = inputs()
+    assert torch.equal(a(x, out), x * 2)
+    assert b.resolve(x, out).source == "search"  # a's scratch-cache entry and artifact are not b's
+    assert torch.equal(b(x, out), x * 3)
+    names = sorted(p.name.split(",")[0] for p in isolated_dirs["configs"].glob("*.json"))
+    assert names == ["pkg_a.ops.kernel", "pkg_b.ops.kernel"]
+
+
+def test_local_function_op_names_are_sanitized() -> None:
+    @flyreg.autotune([Config({"CHUNK": 8})], key=[], **FAST)
+    def scale(x: torch.Tensor, out: torch.Tensor, CHUNK: int) -> torch.Tensor:
+        return torch.mul(x, 2, out=out)
+
+    assert scale.name == f"{__name__}.test_local_function_op_names_are_sanitized._locals_.scale"
+    x, out = inputs()
+    assert torch.equal(scale(x, out), x * 2)
+    assert flyreg.autotune([Config({"CHUNK": 8})], key=[], name="mine")(scale.__wrapped__).name == "mine"
+
+
+# -- name-list options ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["restore_value", "reset_to_zero", "key_env", "structural", "arg_names",
+                                    "ordered_axes"])
+def test_name_lists_given_as_one_string_are_rejected(option: str) -> None:
+    with pytest.raises(TypeError, match=rf"{option} must be a list of names, got the string 'out'"):
+        double_op("stringly", **{option: "out"})
+    with pytest.raises(TypeError, match=rf"{option} must be a list of non-empty strings"):
+        double_op("not_names", **{option: ["out", 3]})
+
+
+def test_decorator_rejects_a_string_name_list() -> None:
+    with pytest.raises(TypeError, match="restore_value must be a list of names"):
+        flyreg.autotune([Config({"CHUNK": 8})], key=[], restore_value="out")(
+            lambda x, out, CHUNK: chunked_double(x, out, CHUNK))
+
+
+def _accumulate_into(name: str, specialize: Any, **options: Any) -> Any:
+    """``out += x`` (needs ``out`` zeroed first), with a default config: no search."""
+    return flyreg.autotune_builder(name, lambda c, s: (lambda out, x: out.add_(x)), specialize, [Config({"CHUNK": 1})],
+                                   lambda spec: Config({"CHUNK": 1}), build_cache=BuildCache(), **FAST, **options)
+
+
+def test_in_place_names_must_be_argument_names() -> None:
+    with pytest.raises(ValueError, match=r"reset_to_zero names \['outt'\].*arg_names is \['out', 'x'\]"):
+        _accumulate_into("typo", lambda out, x: {}, reset_to_zero=["outt"])
+    with pytest.raises(ValueError, match=r"restore_value names \['acc'\].*arg_names is \['x', 'y'\]"):
+        _accumulate_into("given", lambda *a: {}, restore_value=["acc"], arg_names=["x", "y"])
+
+
+def test_in_place_names_need_arg_names_when_none_are_known() -> None:
+    # A plugin's specialize takes (*args, **kwargs): without arg_names, reset_to_zero would do nothing
+    # when `out` is passed by position.
+    with pytest.raises(ValueError, match=r"reset_to_zero names \['out'\].*no arg_names.*pass arg_names="):
+        _accumulate_into("unnamed", lambda *a, **kw: {}, reset_to_zero=["out"])
+    with pytest.raises(ValueError, match="no arg_names"):
+        _accumulate_into("unnamed_empty", lambda *a, **kw: {}, reset_to_zero=["out"], arg_names=())
+    tuner = _accumulate_into("named", lambda *a, **kw: {}, reset_to_zero=["out"], arg_names=["out", "x"])
+    x = torch.ones(4)
+    out = torch.full_like(x, 7.0)
+    assert torch.equal(tuner(out, x), x)  # zeroed by position
+
+
+def test_keyword_only_parameters_may_be_in_place_names() -> None:
+    tuner = _accumulate_into("kw_only", lambda x, *, out: {}, reset_to_zero=["out"])
+    x = torch.ones(4)
+    out = torch.full_like(x, 7.0)
+    assert torch.equal(tuner(x=x, out=out), x)
+
+    @flyreg.autotune([Config({"CHUNK": 1})], key=[], default=Config({"CHUNK": 1}), reset_to_zero=["out"], **FAST)
+    def add_into(x: torch.Tensor, *, out: torch.Tensor, CHUNK: int) -> torch.Tensor:
+        return out.add_(x)
+
+    out.fill_(5.0)
+    assert torch.equal(add_into(x, out=out), x)

@@ -190,3 +190,57 @@ def test_clear_of_nothing_creates_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "absent"))
     assert cache.clear("rmsnorm") == [] and cache.clear() == []
     assert not (tmp_path / "absent").exists()
+
+
+def test_clear_deletes_only_flyreg_cache_files() -> None:
+    cache.store("op_a", "k", entry(1))
+    directory = cache.cache_dir()
+    notes = directory / "notes.json"
+    notes.write_text('{"mine": true}')
+    not_json = directory / "broken.json"
+    not_json.write_text("{not json")
+    other_schema = directory / "other.json"
+    other_schema.write_text('{"schema": 2, "entries": {}}')
+    assert cache.clear() == [cache.cache_file("op_a")]
+    assert sorted(p.name for p in directory.glob("*.json")) == ["broken.json", "notes.json", "other.json"]
+    assert notes.read_text() == '{"mine": true}'
+    assert cache.clear("notes") == [] and notes.exists()  # an op's name does not make a user file a cache file
+
+
+def test_clear_of_a_missing_file_makes_no_lock() -> None:
+    assert cache.clear("never_stored") == [] and cache.clear() == []
+    assert list(cache.cache_dir().iterdir()) == []
+
+
+def test_store_after_clear_starts_a_fresh_file() -> None:
+    cache.store("op_a", "k", entry(1))
+    assert cache.clear("op_a") == [cache.cache_file("op_a")]
+    assert cache.load("op_a") == {}
+    cache.store("op_a", "k2", entry(2))
+    assert set(cache.load("op_a")) == {"k2"}
+
+
+@pytest.mark.parametrize("a, b", [("a/b", "a_b"), ("a b", "a_b"), ("a/b", "a b"), (".x", "x"), ("x", "_x")])
+def test_distinct_ops_never_share_a_file(a: str, b: str) -> None:
+    assert cache.cache_file(a) != cache.cache_file(b)
+    cache.store(a, "k", entry(1))
+    cache.store(b, "k", entry(2))
+    assert cache.load(a) == {"k": entry(1)} and cache.load(b) == {"k": entry(2)}
+    assert all(p.parent == cache.cache_dir() and not p.name.startswith(".")
+               for p in (cache.cache_file(a), cache.cache_file(b)))
+
+
+def test_plain_op_names_keep_their_file_name() -> None:
+    assert cache.cache_file("fused_add_rmsnorm").name == "fused_add_rmsnorm.json"
+
+
+def test_a_file_holding_another_op_is_ignored_and_moved_aside() -> None:
+    path = cache.cache_file("op_a")
+    path.write_text(json.dumps({"schema": 1, "op": "op_b", "entries": {"k": entry(1)}}))
+    with pytest.warns(FlyregWarning, match="op 'op_b', not 'op_a'") as record:
+        assert cache.load("op_a") == {}
+        assert cache.load("op_a") == {}
+    assert len(record) == 1
+    cache.store("op_a", "k2", entry(2))
+    assert cache.load("op_a") == {"k2": entry(2)}
+    assert len(list(path.parent.glob("op_a.json.corrupt-*"))) == 1

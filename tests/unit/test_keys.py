@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -78,7 +79,6 @@ def test_device_identity_changes_the_key(x: torch.Tensor) -> None:
     other_arch = DeviceIdentity(CPU.name, "sm_90")
     assert len({key_of({"x": x}), key_of({"x": x}, device=other_product), key_of({"x": x}, device=other_arch)}) == 3
     assert identity_of("cpu") == identity_of(torch.device("cpu")) == CPU
-    assert identity_of("meta") != CPU
 
 
 def test_toolchain_and_op_version_change_the_key(x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,3 +198,42 @@ def test_env_change_is_a_new_resolution(x: torch.Tensor, monkeypatch: pytest.Mon
 def test_cuda_identity_without_cuda_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="CUDA is not available"):
         identity_of("cuda:0")
+
+
+@pytest.mark.parametrize("device", ["gpu", torch.device("meta"), "meta", "cuda:x", "mps", "", -1, 1.5, True,
+                                    object()])
+def test_bad_devices_are_clear_value_errors(device: Any) -> None:
+    with pytest.raises(ValueError, match="device") as info:
+        identity_of(device)
+    assert repr(device) in str(info.value)  # it names the device it was given
+
+
+def test_cpu_spellings_are_one_identity() -> None:
+    assert identity_of("cpu") == identity_of("cpu:0") == identity_of(torch.device("cpu")) == identity_of(None)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+    """Two fake CUDA devices (an H200 and an A100); ``state["current"]`` is the current one."""
+    state = {"current": 0}
+    props = [type("P", (), {"name": "NVIDIA H200", "major": 9, "minor": 0})(),
+             type("P", (), {"name": "NVIDIA A100", "major": 8, "minor": 0})()]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    cached = getattr(keys, "_device_identity", keys.device_identity)
+    cached.cache_clear()
+    yield state
+    cached.cache_clear()
+
+
+def test_current_cuda_device_is_read_on_every_call(fake_cuda: dict[str, int]) -> None:
+    h200, a100 = DeviceIdentity("NVIDIA_H200", "sm_90"), DeviceIdentity("NVIDIA_A100", "sm_80")
+    assert identity_of("cuda") == identity_of(torch.device("cuda")) == h200
+    fake_cuda["current"] = 1  # torch.cuda.set_device(1)
+    assert identity_of("cuda") == identity_of(torch.device("cuda")) == keys.device_identity("cuda") == a100
+    assert identity_of("cuda:0") == identity_of(0) == h200 and identity_of(1) == a100
+    with pytest.raises(ValueError, match="'cuda:2' does not exist: 2 CUDA device"):
+        identity_of("cuda:2")

@@ -5,14 +5,17 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from flyreg import Config, cache, offline
-from flyreg.keys import identity_of
+import flyreg
+from flyreg import Config, FlyregWarning, cache, offline
+from flyreg.builder import BuildCache
+from flyreg.keys import DeviceIdentity, identity_of
 from flyreg.offline import emit_artifact, load_artifact
 
 from cpu_kernels import FAST, double_op, inputs
@@ -193,5 +196,142 @@ def test_emit_option_searches_a_miss_even_with_a_default(isolated_dirs: dict[str
     (report,) = tuner.reports.values()
     assert report.artifact is not None and Path(report.artifact).is_file()
     again, _ = double_op("emitting_default", default=DEFAULT, emit=True)
-    assert again.resolve(*inputs()).source == "cache"  # a hit is no miss: nothing searched
+    res = again.resolve(*inputs())  # its own current artifact is a hit: nothing searched
+    assert (res.source, res.path) == ("offline", report.artifact)
     assert again.stats.searches == 0
+
+
+# -- the in-memory call key ----------------------------------------------------------------------
+
+
+def _list_op(name: str) -> tuple[Any, list[dict[str, Any]]]:
+    """``out = 2 * x``, ``x`` a tensor or the first of a list of them; launches record the spec they were built for."""
+    built_for: list[dict[str, Any]] = []
+
+    def first(xs: Any) -> torch.Tensor:
+        return xs[0] if isinstance(xs, list) else xs
+
+    def specialize(xs: Any, out: torch.Tensor, flag: Any = None) -> dict[str, Any]:
+        return {"n": int(first(xs).shape[0]), "flag": flag}
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        def launch(xs: Any, out: torch.Tensor, flag: Any = None) -> torch.Tensor:
+            built_for.append(dict(spec))
+            return torch.mul(first(xs), 2, out=out)
+
+        return launch
+
+    tuner = flyreg.autotune_builder(name, build, specialize, [Config({"CHUNK": 8})],
+                                    lambda spec: Config({"CHUNK": 8}), build_cache=BuildCache(), **FAST)
+    return tuner, built_for
+
+
+def test_lists_of_tensors_are_keyed_by_layout_not_repr() -> None:
+    tuner, built_for = _list_op("listed")
+    small, big = torch.zeros(1000, 8), torch.zeros(2000, 8)
+    assert repr([small]) == repr([big])  # torch summarizes both the same way
+    tuner([small], torch.empty_like(small))
+    out = torch.empty_like(big)
+    assert torch.equal(tuner([big], out), big * 2)
+    assert [s["n"] for s in built_for] == [1000, 2000]  # the second call got the launch built for its spec
+    tuner([torch.ones(2000, 8)], out)  # another list of the same layout: the same key
+    assert len(tuner._bound) == 2 and built_for[-1]["n"] == 2000
+
+
+@pytest.mark.parametrize("flags", [(1, True, 1.0), (True, 1, 1.0), (1.0, 1, True)])
+def test_equal_scalars_of_other_types_are_other_keys(flags: tuple[Any, ...]) -> None:
+    tuner, built_for = _list_op("flagged")
+    x = torch.randn(16, 8)
+    for flag in flags:
+        for _ in range(2):
+            tuner(x, torch.empty_like(x), flag)
+            assert type(built_for[-1]["flag"]) is type(flag)
+        tuner(x, torch.empty_like(x), flag=flag)
+        assert type(built_for[-1]["flag"]) is type(flag)
+    assert [s["flag"] for s in built_for[::3]] == list(flags) and len(tuner._bound) == 6
+
+
+def test_unhashable_arguments_are_resolved_but_not_remembered() -> None:
+    def specialize(x: torch.Tensor, out: torch.Tensor, opts: dict[str, Any]) -> dict[str, Any]:
+        return {"n": int(x.shape[0]), "scale": opts["scale"]}
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        return lambda x, out, opts: torch.mul(x, opts["scale"], out=out)
+
+    tuner = flyreg.autotune_builder("unhashable", build, specialize, [Config({"CHUNK": 8})],
+                                    lambda spec: Config({"CHUNK": 8}), build_cache=BuildCache(), **FAST)
+    x = torch.randn(16, 8)
+    for scale in (2.0, 3.0, 2.0):
+        out = torch.empty_like(x)
+        assert torch.equal(tuner(x, out, {"scale": scale}), x * scale)
+    assert tuner._bound == {} and tuner.resolve(x, out, {"scale": 2.0}).source == "memory"
+
+
+# -- emission --------------------------------------------------------------------------------------
+
+
+def _only_artifact(directory: Path, name: str) -> Path:
+    (path,) = directory.glob(f"{name},*.json")
+    return path
+
+
+@pytest.mark.parametrize("planted", ["scratch cache", "sibling product", "stale artifact", "nearest spec", "default"])
+def test_emit_searches_and_writes_whatever_else_would_serve(planted: str, isolated_dirs: dict[str, Path]) -> None:
+    name = f"emit_{planted.replace(' ', '_')}"
+    x, out = inputs()
+    spec = {"n": int(x.shape[0])}
+    cpu = identity_of(None)
+    planted_cfg = Config({"CHUNK": 16})
+    options: dict[str, Any] = {"ordered_axes": ["n"]}
+    if planted == "scratch cache":
+        double_op(name, [planted_cfg])[0].tune(x, out, emit=False)
+    elif planted == "sibling product":
+        emit_artifact(name, spec, DeviceIdentity("Other_CPU", cpu.arch), planted_cfg, "0", None, None)
+    elif planted == "stale artifact":
+        emit_artifact(name, spec, cpu, planted_cfg, "0", None, None)
+        options["version"] = "1"  # the artifact is from op version 0
+    elif planted == "nearest spec":
+        emit_artifact(name, {"n": 128}, cpu, planted_cfg, "0", None, None)
+    else:
+        options["default"] = DEFAULT
+    offline._index.clear()
+    plain, _ = double_op(name, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlyregWarning)  # serving a sibling's or a stale artifact warns
+        assert plain.resolve(x, out).source != "search"  # without emission, it serves the planted config
+
+    tuner, _ = double_op(name, emit=True, **options)
+    res = tuner.resolve(x, out)
+    assert res.source == "search" and tuner.stats.searches == 1
+    (report,) = tuner.reports.values()
+    art = load_artifact(Path(report.artifact))
+    assert (art.spec, art.device, art.config) == (spec, cpu, report.winner)
+    assert not art.stale(options.get("version", "0"))
+
+    again, _ = double_op(name, emit=True, **options)  # now the key has its own artifact: a hit
+    assert again.resolve(x, out).source == "offline" and again.stats.searches == 0
+
+
+def test_emit_failure_on_a_call_warns_once_and_serves_from_memory(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "configs_file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("FLYREG_CONFIG_DIR", str(not_a_dir))
+    tuner, _ = double_op("emit_broken", emit=True)
+    x, out = inputs()
+    with pytest.warns(FlyregWarning, match=r"emit_broken: could not write the artifact.*configs_file.*from memory"):
+        assert torch.equal(tuner(x, out), x * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert torch.equal(tuner(x, out), x * 2)
+    assert tuner.stats.searches == 1 and tuner.resolve(x, out).source == "memory"
+    (report,) = tuner.reports.values()
+    assert report.artifact is None
+    assert len(cache.load("emit_broken")) == 1  # the scratch cache still has it
+
+    with pytest.raises(OSError, match=r"emit_broken: could not write the artifact.*configs_file"):
+        tuner.tune(x, out)
+    assert tuner.stats.searches == 2 and tuner.resolve(x, out).source == "memory"
+    with pytest.raises(OSError, match="emit_broken"):
+        tuner.tune(x, out, out_dir=not_a_dir)

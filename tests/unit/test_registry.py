@@ -8,7 +8,9 @@ step is fast), and counts every hook call so tests can assert when hooks run.
 from __future__ import annotations
 
 import collections
+import re
 import importlib.metadata
+import json
 import sys
 import textwrap
 import types
@@ -639,3 +641,131 @@ def test_specname_implementations_are_checked_against_their_own_hook(empty_regis
 
     flyreg.register(Renamed(), name="renamed")
     assert flyreg.ops()[0].description == "renamed"
+
+
+# -- op names and describe()'s argument names ---------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [None, 3, b"rowscale", ["rowscale"]])
+def test_a_name_that_is_not_a_str_is_a_type_error_naming_it(empty_registry: Registry, bad: Any) -> None:
+    flyreg.register(RowScale(), name="rowscale")
+    x, s, out = inputs()
+    calls = [lambda: flyreg.op(bad), lambda: flyreg.unregister(bad), lambda: flyreg.resolve(bad, x, s, out),
+             lambda: flyreg.resolve_spec(bad, {"M": 64, "N": 32, "op": "scale"}),
+             lambda: registry.REGISTRY.plugin(bad), lambda: registry.REGISTRY.tuner(bad),
+             lambda: flyreg.register(RowScale(), name=bad)]
+    for call in calls:
+        with pytest.raises(TypeError, match=rf"^name must be an op name \(a non-empty str\), got {type(bad).__name__}"):
+            call()
+    assert [i.name for i in flyreg.ops()] == ["rowscale"]
+
+
+@pytest.mark.parametrize("bad", ["", "  "])
+def test_an_empty_name_is_a_value_error(empty_registry: Registry, bad: str) -> None:
+    for call in (flyreg.op, flyreg.unregister, registry.REGISTRY.plugin):
+        with pytest.raises(ValueError, match="name must be a non-empty op name"):
+            call(bad)
+
+
+class ResetWithoutArgNames(RowScale):
+    @hookimpl
+    def describe(self) -> dict[str, Any]:
+        return {"reset_to_zero": ["out"]}
+
+
+class RestoreNotAnArgument(RowScale):
+    @hookimpl
+    def describe(self) -> dict[str, Any]:
+        return {"restore_value": ["x", "acc", "res"], "arg_names": ["x", "s", "out"]}
+
+
+@pytest.mark.parametrize(("cls", "message"), [
+    (ResetWithoutArgNames, r"describe\(\)\['reset_to_zero'\] names arguments \['out'\], but describe\(\) gives no "
+                           r"'arg_names'"),
+    (RestoreNotAnArgument, r"describe\(\)\['restore_value'\] names arguments \['acc', 'res'\] that are not in "
+                           r"describe\(\)\['arg_names'\] \['x', 's', 'out'\]"),
+])
+def test_restore_and_reset_names_must_be_arguments(use_registry: Callable[..., Registry], cls: type,
+                                                   message: str) -> None:
+    with pytest.raises(PluginError, match=message):
+        OpPlugin("bad", cls())
+    use_registry(ep("bad", cls()), ep("good", RowScale()))
+    infos = {i.name: i for i in flyreg.ops()}
+    assert infos["bad"].status == "broken" and re.search(message, infos["bad"].error or "")
+    assert infos["good"].status == "ok"
+    with pytest.raises(OpUnavailableError, match=message):
+        flyreg.op("bad")
+
+
+def test_in_tree_and_thirdparty_plugins_pass_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RMSNorm plugins and the third-party test distribution load (restore/reset names are arguments)."""
+    import importlib
+
+    from flyreg_rmsnorm import ops as rms
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "thirdparty" / "flyreg-scale"))
+    plugins = [("rmsnorm", rms.rmsnorm), ("fused_add_rmsnorm", rms.fused_add_rmsnorm),
+               *((n, importlib.import_module(f"flyreg_scale.{n}")) for n in ("scale", "rowsum"))]
+    for name, obj in plugins:
+        d = OpPlugin(name, obj).description
+        assert set(d.restore_value) | set(d.reset_to_zero) <= set(d.arg_names or ())
+    assert OpPlugin("fused", rms.fused_add_rmsnorm).description.restore_value == ("residual",)
+
+
+# -- flyreg tune's view of an existing artifact ----------------------------------------------------------
+
+def _plan(out_dir: Path) -> list[Any]:
+    from flyreg.tune_jobs import plan_jobs
+
+    return plan_jobs(["rowscale"], [], "cpu", out_dir, force=False)
+
+
+def test_tune_skips_only_an_artifact_lookup_would_serve(empty_registry: Registry, tmp_path: Path) -> None:
+    from flyreg.keys import DeviceIdentity
+
+    flyreg.register(RowScale(), name="rowscale")
+    cpu = identity_of(None)
+    spec = {"M": 256, "N": 32, "op": "scale"}
+    target = tmp_path / artifact_filename("rowscale", spec, cpu.name)
+    (job,) = _plan(tmp_path)
+    assert (job.spec, job.skip) == (spec, None)
+
+    emit_artifact("rowscale", spec, cpu, Config({"ROWS": 16}), "2", 1.0, 2.0, tmp_path)
+    assert [j.skip for j in _plan(tmp_path)] == ["current artifact"]
+
+    not_served = {
+        "its config is not one the op takes": lambda: emit_artifact(
+            "rowscale", spec, cpu, Config({"ROWS": 7}), "2", 1.0, 2.0, tmp_path),
+        "its hints are not the op's": lambda: emit_artifact(
+            "rowscale", spec, cpu, Config({"ROWS": 16}, num_warps=4), "2", 1.0, 2.0, tmp_path),
+        "its content is another spec's": lambda: emit_artifact(
+            "rowscale", {**spec, "M": 64}, cpu, Config({"ROWS": 16}), "2", 1.0, 2.0, tmp_path).rename(target),
+        "it is for another architecture": lambda: emit_artifact(
+            "rowscale", spec, DeviceIdentity(cpu.name, "other-arch"), Config({"ROWS": 16}), "2", 1.0, 2.0, tmp_path),
+        "it is stale": lambda: emit_artifact("rowscale", spec, cpu, Config({"ROWS": 16}), "1", 1.0, 2.0, tmp_path),
+    }
+    for why, make in not_served.items():
+        target.unlink()
+        make()
+        assert target.is_file()
+        assert [j.skip for j in _plan(tmp_path)] == [None], why
+        tuner = flyreg.op("rowscale")
+        tuner.offline.forget_index()
+        res = flyreg.resolve_spec("rowscale", spec)
+        assert res.source != "offline" or res.stale, why  # lookup does not serve it as current either
+
+
+def test_a_retune_moves_a_malformed_artifact_aside(empty_registry: Registry, tmp_path: Path) -> None:
+    flyreg.register(RowScale(), name="rowscale")
+    x, s, out = inputs(256)
+    tuner = flyreg.op("rowscale")
+    spec = tuner.resolve(x, s, out).spec
+    target = tmp_path / artifact_filename("rowscale", spec, identity_of(None).name)
+    target.write_text("{ truncated")
+    with pytest.warns(flyreg.FlyregWarning, match="moved it aside"):
+        report = tuner.tune(x, s, out, out_dir=tmp_path)
+    assert Path(report.artifact) == target and json.loads(target.read_text())["op"] == "rowscale"
+    (aside,) = tmp_path.glob(f"{target.name}.corrupt-*")
+    assert aside.read_text() == "{ truncated"
+    # a well-formed artifact is simply replaced by a re-tune
+    tuner.tune(x, s, out, out_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.corrupt-*"))) == 1

@@ -180,9 +180,8 @@ def test_reset_to_zero_on_a_default_hit_and_by_keyword() -> None:
 
 def test_restore_and_reset_must_name_tensor_arguments() -> None:
     x = torch.randn(16, 8)
-    tuner, _ = _accumulate_op("bad_restore", restore_value=["nope"])
-    with pytest.raises(ValueError, match="nope"):
-        tuner(x.clone(), x, 1.0)
+    with pytest.raises(ValueError, match="nope"):  # now at construction, not at the first call
+        _accumulate_op("bad_restore", restore_value=["nope"])
     tuner, _ = _accumulate_op("bad_restore2", restore_value=["k"])
     with pytest.raises(TypeError, match="'k'.*not a tensor"):
         tuner(x.clone(), x, 1.0)
@@ -291,6 +290,54 @@ def test_wrong_fastest_config_is_rejected() -> None:
     assert tuner.resolve(acc, x, 1.5).config.kwargs["BUGGY"] is False
     (entry,) = cache.load("gated").values()
     assert entry["config"]["kwargs"]["BUGGY"] is False
+
+
+def _delta_op(name: str, reference: Any, **options: Any) -> Any:
+    """``acc += x * k`` in place, returning the increment ``x * k`` (right for every config);
+    the config with BUGGY=True writes only its first CHUNK rows of ``acc`` (and is fastest)."""
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        chunk = int(config.kwargs["CHUNK"])  # type: ignore[arg-type]
+        rows = chunk if config.kwargs["BUGGY"] else None
+
+        def launch(acc: torch.Tensor, x: torch.Tensor, k: float) -> torch.Tensor:
+            chunked_accumulate(acc, x, k, chunk, rows)
+            return x * k
+
+        return launch
+
+    configs = [Config({"CHUNK": 1, "BUGGY": False}), Config({"CHUNK": 64, "BUGGY": True})]
+    return flyreg.autotune_builder(name, build, lambda acc, x, k: {"n": int(acc.shape[0])}, configs,
+                                   restore_value=["acc"], reference=reference, build_cache=BuildCache(),
+                                   **{**FAST, **options})
+
+
+def test_gate_checks_what_an_in_place_reference_writes() -> None:
+    acc0, x = torch.randn(256, 8), torch.randn(256, 8)
+    seen: list[torch.Tensor] = []
+
+    def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        acc, x_, k = args
+        seen.append(acc)
+        acc += x_ * k  # what a correct call does to acc, on the copy the gate hands it
+        return x_ * k
+
+    tuner = _delta_op("gate_in_place", reference)
+    acc = acc0.clone()
+    with pytest.warns(FlyregWarning, match=r"BUGGY=True.*wrong result \(in-place argument 'acc'"):
+        assert torch.equal(tuner(acc, x, 0.5), x * 0.5)
+    assert seen[0] is not acc  # the reference never saw the real tensor
+    assert torch.equal(acc, acc0 + x * 0.5)  # one clean run of the (correct) winner
+    (report,) = tuner.reports.values()
+    assert [c.kwargs["BUGGY"] for c, _ in report.rejected] == [True]
+    assert report.winner.kwargs["BUGGY"] is False
+
+
+def test_gate_with_a_pure_reference_does_not_judge_in_place_tensors() -> None:
+    acc0, x = torch.randn(256, 8), torch.randn(256, 8)
+    tuner = _delta_op("gate_pure", lambda args, kwargs: args[1] * args[2])
+    report = tuner.tune(acc0.clone(), x, 0.5, emit=False)
+    assert report.rejected == ()  # correct configs are never rejected for updating acc
+    assert len(report.timings) == 2
 
 
 # -- the tie band -------------------------------------------------------------------------------

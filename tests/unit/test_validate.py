@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import flyreg
+import flyreg.registry
 from flyreg import Config
 from flyreg.builder import BuildCache
 from flyreg.keys import DeviceIdentity, fingerprint, identity_of
@@ -158,4 +159,71 @@ def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: P
     name = artifact_filename(data["op"], data["spec"], data["device"]["name"])
     assert f"`{name}`" in guide
     (tmp_path / name).write_text(block)
-    assert [p.severity for p in check_artifacts([tmp_path], {"rmsnorm": "1"})] in ([], ["stale"])
+    # the real rmsnorm op's spec axes (backend included), and a config it takes for that spec
+    from flyreg_rmsnorm.ops import SPEC_AXES
+
+    assert sorted(data["spec"]) == sorted(SPEC_AXES)
+    problems = check_artifacts([tmp_path], {"rmsnorm": "1"}, accepts=flyreg.registry.accepts)
+    assert [p.severity for p in problems] in ([], ["stale"]), problems
+    shipped = Path(__file__).resolve().parents[2] / "offline_configs" / name
+    if shipped.is_file():  # the example is the shipped H200 artifact of that spec
+        real = json.loads(shipped.read_text())
+        assert {k: real[k] for k in ("op", "spec", "device", "config")} == \
+            {k: data[k] for k in ("op", "spec", "device", "config")}
+
+
+def tuner_accepts(op: str, spec: dict[str, Any], config: Config) -> str | None:
+    """The runtime's own check, through a tuner of the test op (as ``flyreg check`` passes the registry's)."""
+    assert op == OP
+    tuner = flyreg.autotune_builder(OP, build, specialize, [Config({"CHUNK": c}) for c in (8, 128, 2048)],
+                                    lambda spec: Config({"CHUNK": 8}), build_cache=BuildCache())
+    return tuner._accepts(config, spec)
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"kwargs": {"CHUNK": 7}, "hints": {}}, "not among this op's"),
+    ({"kwargs": {"BLOCK": 128}, "hints": {}}, "its knobs ['BLOCK'] are not this op's ['CHUNK']"),
+    ({"kwargs": {"CHUNK": 128}, "hints": {"num_warps": 4}}, "not among this op's"),
+])
+def test_config_the_op_does_not_take_is_an_error(tuned: Path, config: dict[str, Any], words: str) -> None:
+    edit(tuned, lambda d: d.__setitem__("config", config))
+    assert check_artifacts([tuned.parent], {OP: "0"}) == []  # without accepts, the config is not checked
+    ((name, severity, message),) = found(check_artifacts([tuned.parent], {OP: "0"}, accepts=tuner_accepts))
+    assert (name, severity) == (tuned.name, "error")
+    assert message.startswith(f"config not accepted by op '{OP}' for spec N=2048,dtype=float32: ") and words in message
+
+
+def test_accepted_configs_pass_and_a_failing_accepts_is_reported(tuned: Path) -> None:
+    assert check_artifacts([tuned.parent], {OP: "0"}, accepts=tuner_accepts) == []
+
+    def raises(op: str, spec: dict[str, Any], config: Config) -> str | None:
+        raise KeyError("backend")
+
+    ((_, severity, message),) = found(check_artifacts([tuned.parent], {OP: "0"}, accepts=raises))
+    assert severity == "error" and "configs() or default() failed on the spec: KeyError: 'backend'" in message
+
+
+def test_accepts_is_asked_only_about_known_ops(tuned: Path) -> None:
+    asked: list[str] = []
+    problems = check_artifacts([tuned.parent], {"rmsnorm": "1"}, accepts=lambda op, s, c: asked.append(op))
+    assert asked == [] and [p.severity for p in problems] == ["error"]
+
+
+@pytest.mark.parametrize("status", ["broken", "disabled"])
+def test_artifacts_of_unusable_ops_are_a_warning_not_unknown(tuned: Path, status: str) -> None:
+    asked: list[str] = []
+    problems = found(check_artifacts([tuned.parent], {"rmsnorm": "1"}, unavailable={OP: status},
+                                     accepts=lambda op, s, c: asked.append(op)))
+    assert problems == [(tuned.name, "warning", f"op '{OP}' is {status} here, so its config and op version "
+                                                f"are not checked")]
+    assert asked == []
+    # a truly unknown op next to it is still an error
+    emit_artifact("nobody", SPEC, CPU, Config({"CHUNK": 8}), "0", None, None, tuned.parent)
+    assert sorted(s for _, s, _ in found(check_artifacts([tuned.parent], {"rmsnorm": "1"},
+                                                         unavailable={OP: status}))) == ["error", "warning"]
+
+
+def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "offline_configs"
+    problems = check_artifacts([shipped], {"rmsnorm": "1"}, accepts=flyreg.registry.accepts)
+    assert {p.severity for p in problems} <= {"stale"}, problems
