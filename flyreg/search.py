@@ -14,7 +14,8 @@ from .config import Config, JSONScalar
 from .launch import LaunchSignatureError, arg_name
 
 if TYPE_CHECKING:
-    from .tuner import Autotuner, TuneReport
+    from .results import TuneReport
+    from .tuner import Autotuner
 
 
 def _tensors(tuner: Autotuner, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
@@ -65,7 +66,7 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     that would reject every correct config whenever the baseline is the wrong one. With no
     reference there is no ground truth, and nothing is rejected as wrong.
     """
-    from .tuner import TuneError, TuneReport
+    from .results import TuneError, TuneReport
 
     cands = tuner._candidates(spec)
     if default is not None and default not in cands:

@@ -13,87 +13,21 @@ import torch
 
 from . import cache
 from ._fileio import warn_once
-from .bench import BenchResult, check_counts
+from .bench import check_counts
 from .builder import BUILD_CACHE, BuildCache, BuildFn
 from .config import Config, JSONScalar
 from .keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
 from .launch import Launcher, bind_launcher, named_args
 from .offline import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, emit_artifact, emit_dir, index,
                       load_artifact, spec_text)
+from .results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
 
-
-class TuneError(RuntimeError):
-    """No candidate config of an op could run correctly on a spec."""
-
-
-class GraphCaptureError(RuntimeError):
-    """Only a search could serve this call, and a CUDA graph is being captured, where flyreg never searches."""
+__all__ = ["Autotuner", "GraphCaptureError", "Resolution", "TuneError", "TuneReport", "autotune_forced", "capturing"]
 
 
 def autotune_forced() -> bool:
     """True when ``FLYREG_AUTOTUNE`` asks for a fresh search of every new key."""
     return os.environ.get("FLYREG_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-@attrs.frozen
-class Resolution:
-    """The config a call gets, where this lookup found it (``source``) and where it came from (``origin``).
-
-    Both are one of ``"memory"`` (``source`` only), ``"cache"``, ``"offline"``, ``"default"`` and
-    ``"search"``. ``path`` is the artifact (or cache file) that served it; ``stale`` says that
-    artifact came from another toolchain; ``nearest`` that it was tuned for the nearest spec, not this one.
-    """
-
-    config: Config
-    source: str
-    spec: dict[str, JSONScalar]
-    origin: str
-    path: str | None = None
-    stale: bool = False
-    nearest: bool = False
-
-
-@attrs.frozen
-class TuneReport:
-    """What a search did: the winner, its time and the default's, and every failure."""
-
-    op: str
-    spec: dict[str, JSONScalar]
-    winner: Config
-    winner_ms: float
-    default_ms: float | None
-    timings: tuple[tuple[Config, BenchResult], ...]
-    failed: tuple[tuple[Config, str], ...]
-    rejected: tuple[tuple[Config, str], ...]
-    artifact: str | None = None
-
-    @property
-    def tried(self) -> int:
-        return len(self.timings) + len(self.failed) + len(self.rejected)
-
-    @property
-    def speedup(self) -> float | None:
-        """Default time over winner time, where the default was timed."""
-        return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms > 0 else None
-
-
-@attrs.frozen
-class CallKey:
-    """What a call resolves by: its spec, its arguments by name, its device and the scratch-cache key."""
-
-    spec: dict[str, JSONScalar]
-    named: dict[str, Any]
-    device: Any
-    ident: DeviceIdentity
-    pkey: str
-
-
-@attrs.define
-class TunerStats:
-    """Counters for tests and reports: searches run and configs benchmarked."""
-
-    searches: int = 0
-    benchmarks: int = 0
 
 
 class Autotuner:

@@ -283,7 +283,6 @@ def test_every_cpu_config(poison: None, spec: dict[str, Any], M: int) -> None:
 
 
 def _bad_calls() -> list[Any]:
-    f32 = torch.float32
     x = torch.randn(4, 8)
     w = torch.randn(8)
     r = torch.randn(4, 8)

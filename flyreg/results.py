@@ -1,0 +1,80 @@
+"""What tuning produces: resolutions, search reports, counters and the errors of a tuner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .bench import BenchResult
+from .config import Config, JSONScalar
+from .keys import DeviceIdentity
+
+
+class TuneError(RuntimeError):
+    """No candidate config of an op could run correctly on a spec."""
+
+
+class GraphCaptureError(RuntimeError):
+    """Only a search could serve this call, and a CUDA graph is being captured, where flyreg never searches."""
+
+
+@attrs.frozen
+class Resolution:
+    """The config a call gets, where this lookup found it (``source``) and where it came from (``origin``).
+
+    Both are one of ``"memory"`` (``source`` only), ``"cache"``, ``"offline"``, ``"default"`` and
+    ``"search"``. ``path`` is the artifact (or cache file) that served it; ``stale`` says that
+    artifact came from another toolchain; ``nearest`` that it was tuned for the nearest spec, not this one.
+    """
+
+    config: Config
+    source: str
+    spec: dict[str, JSONScalar]
+    origin: str
+    path: str | None = None
+    stale: bool = False
+    nearest: bool = False
+
+
+@attrs.frozen
+class TuneReport:
+    """What a search did: the winner, its time and the default's, and every failure."""
+
+    op: str
+    spec: dict[str, JSONScalar]
+    winner: Config
+    winner_ms: float
+    default_ms: float | None
+    timings: tuple[tuple[Config, BenchResult], ...]
+    failed: tuple[tuple[Config, str], ...]
+    rejected: tuple[tuple[Config, str], ...]
+    artifact: str | None = None
+
+    @property
+    def tried(self) -> int:
+        return len(self.timings) + len(self.failed) + len(self.rejected)
+
+    @property
+    def speedup(self) -> float | None:
+        """Default time over winner time, where the default was timed."""
+        return self.default_ms / self.winner_ms if self.default_ms and self.winner_ms > 0 else None
+
+
+@attrs.frozen
+class CallKey:
+    """What a call resolves by: its spec, its arguments by name, its device and the scratch-cache key."""
+
+    spec: dict[str, JSONScalar]
+    named: dict[str, Any]
+    device: Any
+    ident: DeviceIdentity
+    pkey: str
+
+
+@attrs.define
+class TunerStats:
+    """Counters for tests and reports: searches run and configs benchmarked."""
+
+    searches: int = 0
+    benchmarks: int = 0
