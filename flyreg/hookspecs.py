@@ -53,7 +53,10 @@ def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
 
     Called once per (op, structural knobs, spec) in the process: the build cache shared by
     every tuner keeps the result. The launch callable receives the call's arguments plus each
-    compiler hint of the config whose name it takes as a keyword.
+    compiler hint of the config whose name it takes as a keyword. It may carry a
+    ``bind(args, kwargs)`` attribute: flyreg then calls it once per call signature (tensor
+    dtypes, shapes, strides, devices and other argument values) and launches what it returns,
+    so validation and launch arithmetic stay off the steady-state call.
 
     Example::
 

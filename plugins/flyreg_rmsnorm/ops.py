@@ -87,12 +87,14 @@ class RMSNormOp:
                     return tk.fused_add_rmsnorm_triton(x, residual, weight, eps, **tile, num_warps=num_warps,
                                                        num_stages=num_stages)
 
+                fused_launch.bind = lambda args, kwargs: tk.bind_fused_add_rmsnorm(*args, **kwargs, **tile)  # type: ignore[attr-defined]
                 return fused_launch
 
             def launch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, num_warps: int | None = None,
                        num_stages: int | None = None) -> torch.Tensor:
                 return tk.rmsnorm_triton(x, weight, eps, **tile, num_warps=num_warps, num_stages=num_stages)
 
+            launch.bind = lambda args, kwargs: tk.bind_rmsnorm(*args, **kwargs, **tile)  # type: ignore[attr-defined]
             return launch
         from . import cpu
 

@@ -18,6 +18,8 @@ mainly for wider rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -126,6 +128,48 @@ def _hints(num_warps: int | None, num_stages: int | None) -> dict[str, int]:
     return hints
 
 
+def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BLOCK_N: int,
+                 ROWS: int) -> Callable[..., torch.Tensor]:
+    """:func:`rmsnorm_triton` specialized to calls like this one (same dtypes, shapes, strides,
+    devices and eps): the checks and the launch arithmetic run here, once, not on every call.
+    The returned launcher takes rmsnorm_triton's arguments; its ``eps`` must be the one bound."""
+    M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
+    _check_knobs(BLOCK_N, ROWS)
+    shape, dtype, device = x.shape, x.dtype, x.device
+    launch = _rmsnorm_kernel[((M + ROWS - 1) // ROWS,)] if M else None  # no rows: nothing to launch
+    one_pass = BLOCK_N >= N
+
+    def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f, num_warps: int | None = None,
+            num_stages: int | None = None) -> torch.Tensor:
+        y = torch.empty(shape, dtype=dtype, device=device)
+        if launch is not None:
+            launch(x, weight, y, M, N, x_stride, eps_f, BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=one_pass,
+                   **_hints(num_warps, num_stages))
+        return y
+
+    return run
+
+
+def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                           BLOCK_N: int, ROWS: int) -> Callable[..., torch.Tensor]:
+    """:func:`fused_add_rmsnorm_triton` specialized to calls like this one, checked once."""
+    M, N, x_stride, r_stride, eps_f = check_fused_add(x, residual, weight, eps)
+    _check_knobs(BLOCK_N, ROWS)
+    shape, dtype, device = x.shape, x.dtype, x.device
+    launch = _fused_add_rmsnorm_kernel[((M + ROWS - 1) // ROWS,)] if M else None
+    one_pass = BLOCK_N >= N
+
+    def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f,
+            num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+        y = torch.empty(shape, dtype=dtype, device=device)
+        if launch is not None:
+            launch(x, residual, weight, y, M, N, x_stride, r_stride, eps_f, BLOCK_N=BLOCK_N, ROWS=ROWS,
+                   ONE_PASS=one_pass, **_hints(num_warps, num_stages))
+        return y
+
+    return run
+
+
 def rmsnorm_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -137,16 +181,7 @@ def rmsnorm_triton(
     num_stages: int | None = None,
 ) -> torch.Tensor:
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` in float32, returned in x's dtype and shape."""
-    M, N, x_stride, eps = check_rmsnorm(x, weight, eps)
-    _check_knobs(BLOCK_N, ROWS)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if M == 0:
-        return y
-    _rmsnorm_kernel[((M + ROWS - 1) // ROWS,)](
-        x, weight, y, M, N, x_stride, eps,
-        BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=BLOCK_N >= N, **_hints(num_warps, num_stages),
-    )
-    return y
+    return bind_rmsnorm(x, weight, eps, BLOCK_N=BLOCK_N, ROWS=ROWS)(x, weight, eps, num_warps, num_stages)
 
 
 def fused_add_rmsnorm_triton(
@@ -161,13 +196,5 @@ def fused_add_rmsnorm_triton(
     num_stages: int | None = None,
 ) -> torch.Tensor:
     """``residual += x`` in place, then return ``rmsnorm(residual, weight, eps)`` of the stored residual."""
-    M, N, x_stride, r_stride, eps = check_fused_add(x, residual, weight, eps)
-    _check_knobs(BLOCK_N, ROWS)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if M == 0:
-        return y
-    _fused_add_rmsnorm_kernel[((M + ROWS - 1) // ROWS,)](
-        x, residual, weight, y, M, N, x_stride, r_stride, eps,
-        BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=BLOCK_N >= N, **_hints(num_warps, num_stages),
-    )
-    return y
+    bound = bind_fused_add_rmsnorm(x, residual, weight, eps, BLOCK_N=BLOCK_N, ROWS=ROWS)
+    return bound(x, residual, weight, eps, num_warps, num_stages)

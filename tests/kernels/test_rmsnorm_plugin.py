@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import flyreg
+from flyreg.launch import bind_launcher
 from flyreg.registry import REGISTRY
 
 
@@ -56,3 +59,42 @@ def test_incomplete_spec_names_the_missing_axes() -> None:
         flyreg.resolve_spec("rmsnorm", {"M": 32, "N": 1024, "dtype": "float32"})
     with pytest.raises(ValueError, match="'backend' must be"):
         flyreg.resolve_spec("rmsnorm", {"M": 32, "N": 1024, "dtype": "float32", "backend": "tpu"})
+
+
+def _triton_ok() -> bool:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _triton_ok(), reason="triton not importable, or no GPU and no interpreter")
+@pytest.mark.parametrize("op", ["rmsnorm", "fused_add_rmsnorm"])
+def test_triton_launch_binds_once_per_call_signature(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton launch callable validates a call signature once (bind), then only allocates and launches."""
+    from flyreg_rmsnorm import triton_kernels
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs Triton on CPU tensors
+    plugin = REGISTRY.plugin(op)
+    spec = {"M": 32, "N": 100, "backend": "triton", "dtype": "float32"}
+    config = plugin.default(spec)
+    launch = plugin.build(config, spec)
+    torch.manual_seed(11)
+    x = torch.randn(7, 100, device=device)
+    w = torch.rand(100, device=device) + 0.5
+    args = (x, torch.randn(7, 100, device=device), w) if op == "fused_add_rmsnorm" else (x, w)
+    checks = []
+    for name in ("check_rmsnorm", "check_fused_add"):
+        real = getattr(triton_kernels, name)
+        monkeypatch.setattr(triton_kernels, name, lambda *a, _real=real, **k: checks.append(1) or _real(*a, **k))
+    launcher = bind_launcher(op, launch, config, args, {"eps": 1e-5}, plugin.description.arg_names or (), ())
+    assert len(checks) == 1
+    for _ in range(3):
+        fresh = tuple(a.clone() for a in args)
+        expected = plugin.reference(tuple(a.clone() for a in fresh), {"eps": 1e-5})
+        out = launcher.call(fresh, {"eps": 1e-5})
+        assert rel_err(out, expected) < 1e-5
+    assert len(checks) == 1  # the steady state re-validates nothing
