@@ -10,8 +10,8 @@ from typing import Any
 import attrs
 
 #: Bytes zeroed between reps to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
-#: per ``do_bench`` call and dropped when it returns, back to torch's caching allocator: the
-#: process keeps no flush memory between searches (and none at all if it never searches).
+#: per ``do_bench`` call and dropped when it returns: torch's caching allocator keeps it reserved
+#: for reuse (``torch.cuda.empty_cache()`` returns it), and a process that never searches takes none.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 

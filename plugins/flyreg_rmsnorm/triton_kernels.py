@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check_fused_add, check_rmsnorm
+from .checks import check_eps, check_fused_add, check_rmsnorm
 
 
 @triton.jit
@@ -132,7 +132,8 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
                  ROWS: int) -> Callable[..., torch.Tensor]:
     """:func:`rmsnorm_triton` specialized to calls like this one (same dtypes, shapes, strides,
     devices and eps): the checks and the launch arithmetic run here, once, not on every call.
-    The returned launcher takes rmsnorm_triton's arguments; its ``eps`` must be the one bound."""
+    The returned launcher takes rmsnorm_triton's arguments; another ``eps`` than the bound one is
+    checked on that call."""
     M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
     shape, dtype, device = x.shape, x.dtype, x.device
@@ -143,8 +144,8 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
             num_stages: int | None = None) -> torch.Tensor:
         y = torch.empty(shape, dtype=dtype, device=device)
         if launch is not None:
-            launch(x, weight, y, M, N, x_stride, eps_f, BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=one_pass,
-                   **_hints(num_warps, num_stages))
+            launch(x, weight, y, M, N, x_stride, eps_f if eps == eps_f else check_eps(eps), BLOCK_N=BLOCK_N,
+                   ROWS=ROWS, ONE_PASS=one_pass, **_hints(num_warps, num_stages))
         return y
 
     return run
@@ -163,8 +164,8 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
             num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
         y = torch.empty(shape, dtype=dtype, device=device)
         if launch is not None:
-            launch(x, residual, weight, y, M, N, x_stride, r_stride, eps_f, BLOCK_N=BLOCK_N, ROWS=ROWS,
-                   ONE_PASS=one_pass, **_hints(num_warps, num_stages))
+            launch(x, residual, weight, y, M, N, x_stride, r_stride, eps_f if eps == eps_f else check_eps(eps),
+                   BLOCK_N=BLOCK_N, ROWS=ROWS, ONE_PASS=one_pass, **_hints(num_warps, num_stages))
         return y
 
     return run

@@ -83,9 +83,9 @@ def test_triton_launch_binds_once_per_call_signature(op: str, monkeypatch: pytes
     config = plugin.default(spec)
     launch = plugin.build(config, spec)
     torch.manual_seed(11)
-    x = torch.randn(7, 100, device=device)
+    x = torch.randn(7, 100, device=device) * 1e-2  # small rows, so eps=1e-5 against 1e-6 shows
     w = torch.rand(100, device=device) + 0.5
-    args = (x, torch.randn(7, 100, device=device), w) if op == "fused_add_rmsnorm" else (x, w)
+    args = (x, torch.randn(7, 100, device=device) * 1e-2, w) if op == "fused_add_rmsnorm" else (x, w)
     checks = []
     for name in ("check_rmsnorm", "check_fused_add"):
         real = getattr(triton_kernels, name)
@@ -97,4 +97,41 @@ def test_triton_launch_binds_once_per_call_signature(op: str, monkeypatch: pytes
         expected = plugin.reference(tuple(a.clone() for a in fresh), {"eps": 1e-5})
         out = launcher.call(fresh, {"eps": 1e-5})
         assert rel_err(out, expected) < 1e-5
+        assert rel_err(out, plugin.reference(tuple(a.clone() for a in fresh), {})) > 1e-3  # eps reached it
     assert len(checks) == 1  # the steady state re-validates nothing
+
+
+@pytest.mark.skipif(not _triton_ok(), reason="triton not importable, or no GPU and no interpreter")
+@pytest.mark.parametrize("op", ["rmsnorm", "fused_add_rmsnorm"])
+def test_triton_backend_through_a_tuner_with_every_eps_form(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton launch path of the plugin through a tuner (bind included): search, then eps by position,
+    by keyword and by default, each against the float64 reference; fused add updates residual once."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    plugin = REGISTRY.plugin(op)
+    d = plugin.description
+    tuner = flyreg.autotune_builder(
+        f"{op}_triton_test", plugin.build, lambda *a, **k: {**plugin.specialize(a, k), "backend": "triton"},
+        plugin.configs, plugin.default, structural=d.structural, arg_names=d.arg_names,
+        restore_value=d.restore_value, reference=plugin.reference, warmup=1, rep=2, build_cache=flyreg.BuildCache())
+    torch.manual_seed(5)
+    w = torch.rand(100, device=device) + 0.5
+
+    def fresh() -> tuple[torch.Tensor, ...]:
+        x = torch.randn(9, 100, device=device) * 1e-2
+        return (x, torch.randn(9, 100, device=device) * 1e-2, w) if op == "fused_add_rmsnorm" else (x, w)
+
+    monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
+    args = fresh()
+    before = [a.clone() for a in args]
+    expected = plugin.reference(tuple(a.clone() for a in args), {"eps": 1e-2})
+    out = tuner(*args, eps=1e-2)
+    assert tuner.stats.searches == 1 and not next(iter(tuner.reports.values())).rejected
+    assert rel_err(out, expected) < 1e-5
+    if op == "fused_add_rmsnorm":  # exactly one residual += x despite every search rep
+        torch.testing.assert_close(args[1], before[1] + before[0], rtol=1e-6, atol=1e-7)
+    monkeypatch.delenv("FLYREG_AUTOTUNE")
+    for extra, kw, eps in (((1e-2,), {}, 1e-2), ((), {"eps": 1e-2}, 1e-2), ((), {}, 1e-6)):
+        args = fresh()
+        expected = plugin.reference(tuple(a.clone() for a in args), {"eps": eps})
+        assert rel_err(tuner(*args, *extra, **kw), expected) < 1e-5
+    assert tuner.stats.searches == 1
