@@ -11,10 +11,10 @@ Paths:
   (a)  flyreg.op("rmsnorm")(x, w), steady state (key resolved, launcher bound)
   (b)  _rmsnorm_kernel[grid](...), the same kernel and config, output preallocated
   (b1) torch.empty + _rmsnorm_kernel[grid](...): (b) plus the output allocation (a) makes
-  (b2) rmsnorm_triton(x, w, BLOCK_N=..., ...): (b1) plus the plugin's input checks
+  (b2) the plugin's bound launcher (bind_rmsnorm once, then called): allocation + compiled-kernel launch
   (c)  the same kernel under triton.autotune over 3 configs, its cache warm, output preallocated
   (d)  torch.ops.flyreg.rmsnorm(x, w), the torch.library custom op around (a)
-  (d1) the same custom op called through its CustomOpDef object
+  (d1) the same custom op through its default overload (torch.ops.flyreg.rmsnorm.default)
   (e)  torch.nn.functional.rms_norm(x, (N,), w, eps)
 
 Needs CUDA and Triton; without a GPU it prints why and exits 0.
@@ -69,8 +69,10 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
         kernel[grid](x, w, out, M, N, stride, EPS, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, **hints)
         return out
 
+    bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=block_n, ROWS=rows, **hints)
+
     def wrapper() -> Any:
-        return tk.rmsnorm_triton(x, w, EPS, BLOCK_N=block_n, ROWS=rows, **hints)
+        return bound(x, w, EPS)
 
     p2 = 1 << max(N - 1, 0).bit_length()
     auto_configs = [triton.Config({"BLOCK_N": p2, "ROWS": 1}, num_warps=nw) for nw in (4, 8, 16)]
@@ -82,16 +84,16 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
 
     defs = register_torch_ops()
     packet = torch.ops.flyreg.rmsnorm
-    custom = defs["rmsnorm"]
+    custom = defs["rmsnorm"].default
 
     fns: dict[str, Callable[[], Any]] = {
         "(a)  flyreg.op('rmsnorm')(x, w)": lambda: tuner(x, w),
         "(b)  _rmsnorm_kernel[grid](...) direct": direct,
         "(b1) torch.empty + _rmsnorm_kernel[grid]": direct_alloc,
-        "(b2) rmsnorm_triton(...) (checks + alloc)": wrapper,
+        "(b2) plugin's bound launcher, no flyreg": wrapper,
         "(c)  triton.autotune, 3 configs, warm": autotuned,
         "(d)  torch.ops.flyreg.rmsnorm(x, w)": lambda: packet(x, w),
-        "(d1) custom op via its CustomOpDef": lambda: custom(x, w),
+        "(d1) the custom op's default overload": lambda: custom(x, w),
         "(e)  torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (N,), w, EPS),
     }
     ref = x.double() * torch.rsqrt(x.double().square().mean(-1, keepdim=True) + EPS) * w.double()

@@ -55,8 +55,9 @@ def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
     every tuner keeps the result. The launch callable receives the call's arguments plus each
     compiler hint of the config whose name it takes as a keyword. It may carry a
     ``bind(args, kwargs)`` attribute: flyreg then calls it once per call signature (tensor
-    dtypes, shapes, strides, devices and other argument values) and launches what it returns,
-    so validation and launch arithmetic stay off the steady-state call.
+    dtypes, shapes, strides, devices and other argument values), with the call's keywords plus
+    those hints, and launches what it returns with the call's own arguments, so validation,
+    launch arithmetic and compiling stay off the steady-state call.
 
     Example::
 

@@ -73,9 +73,11 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
     Call keywords and compiler hints are passed only where ``launch`` takes them. A positional
     argument beyond what ``launch`` takes is a build-only scalar passed by position: rejected.
     When ``launch`` has a ``bind(args, kwargs)`` attribute, it is called here, once per call
-    signature, and what it returns launches instead: a launcher specialized to calls whose
-    tensors have these dtypes, shapes, strides and devices and whose other arguments have these
-    values (validation and launch-grid arithmetic done once, off the steady-state path).
+    signature, with the call's keywords plus the config's compiler hints that ``launch`` takes,
+    and what it returns launches instead, with the call's own arguments only: a launcher
+    specialized to calls whose tensors have these dtypes, shapes, strides and devices and whose
+    other arguments have these values (validation, launch-grid arithmetic and compiling done
+    once, off the steady-state path).
     """
     n_pos, names = _params(launch)
     if n_pos is not None and len(args) > n_pos:
@@ -89,9 +91,10 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
     extra = {k: v for k, v in config.hints.items() if (names is None or k in names) and k not in kwargs}
     specialize_to = getattr(launch, "bind", None)
     if callable(specialize_to):
-        launch = specialize_to(args, {k: v for k, v in kwargs.items() if k not in drop})
+        launch = specialize_to(args, {**{k: v for k, v in kwargs.items() if k not in drop}, **extra})
         if not callable(launch):
             raise TypeError(f"{op}: the launch callable's bind() must return a callable, got {type(launch).__name__}")
+        extra = {}  # bound in: the bound launcher takes the call's own arguments only
     positions = {n: i for i, n in enumerate(arg_names)}
     reset_pos = tuple(positions[n] for n in reset_to_zero if n in positions and positions[n] < len(args))
     reset_kw = tuple(n for n in reset_to_zero if n in kwargs)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,7 +13,7 @@ from ._fileio import warn_once
 from .bench import BenchResult, do_bench
 from .compare import mismatch
 from .config import Config, JSONScalar
-from .launch import LaunchSignatureError, arg_name
+from .launch import Launcher, LaunchSignatureError, arg_name
 
 if TYPE_CHECKING:
     from .results import TuneReport
@@ -92,10 +94,13 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     timed: list[tuple[Config, BenchResult]] = []
     failed: list[tuple[Config, str]] = []
     rejected: list[tuple[Config, str]] = []
+    bound = bind_all(tuner, cands, spec, args, kwargs)
     try:
         for config in cands:
             try:
-                launcher = tuner._bind(config, spec, args, kwargs)
+                launcher = bound[config]
+                if isinstance(launcher, Exception):
+                    raise launcher
                 prepare = _with_pre_hook(setup, launcher.pre, args, kwargs)
                 if ref is not None:
                     prepare()
@@ -124,6 +129,53 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     winner, winner_ms = pick_winner(timed, default, tuner.tie_band)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
+
+
+def compile_threads() -> int:
+    """Threads that bind (and so compile) a search's candidates: ``FLYREG_COMPILE_THREADS``, else up to 16."""
+    raw = os.environ.get("FLYREG_COMPILE_THREADS", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"FLYREG_COMPILE_THREADS must be a positive int, got {raw!r}") from None
+        if n < 1:
+            raise ValueError(f"FLYREG_COMPILE_THREADS must be a positive int, got {raw!r}")
+        return n
+    return min(16, os.cpu_count() or 1)
+
+
+def bind_all(tuner: Autotuner, cands: list[Config], spec: dict[str, JSONScalar], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> dict[Config, Launcher | Exception]:
+    """Every candidate's bound launcher (or the exception binding it raised), before any is timed.
+
+    Builds run in order on this thread (the build cache counts each structural build once);
+    binds, where backends compile, run on a thread pool so their compiles overlap. A
+    :class:`LaunchSignatureError` (the call is wrong, not a config) is raised.
+    """
+    out: dict[Config, Launcher | Exception] = {}
+    for config in cands:
+        try:
+            tuner.build_cache.get(tuner.name, config, spec, tuner.structural, tuner._build)
+        except Exception as e:
+            out[config] = e
+    todo = [c for c in cands if c not in out]
+
+    def bind(config: Config) -> Launcher | Exception:
+        try:
+            return tuner._bind(config, spec, args, kwargs)
+        except LaunchSignatureError:
+            raise
+        except Exception as e:
+            return e
+
+    threads = min(compile_threads(), len(todo))
+    if threads <= 1:
+        out.update((c, bind(c)) for c in todo)
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{tuner.name}") as pool:
+            out.update(zip(todo, pool.map(bind, todo)))
+    return out
 
 
 def _run_reference(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any], snapshot: dict[str, torch.Tensor],

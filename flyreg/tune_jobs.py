@@ -209,9 +209,12 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
+    from .builder import BUILD_CACHE
+
     console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]
     interrupted: int | None = None
+    builds0, start = BUILD_CACHE.builds, time.perf_counter()
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     with _sigterm_as_interrupt() as signals:
@@ -233,6 +236,10 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
         except KeyboardInterrupt:
             interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
     _summary(console, jobs, device, out_dir)
+    if todo:
+        timed = sum(len(j.result.timings) for j in jobs if j.result is not None)
+        console.print(f"cost: {timed} configs benchmarked, {BUILD_CACHE.builds - builds0} builds, "
+                      f"{time.perf_counter() - start:.1f} s", markup=False, highlight=False)
     if interrupted is not None:
         again = "the same command without --force" if force else "the same command"
         console.print(f"interrupted: the artifacts written so far are kept; run {again} again to tune the rest",

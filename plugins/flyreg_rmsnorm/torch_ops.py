@@ -13,11 +13,12 @@ output, so ``torch.compile`` traces through it with no graph break::
     y = torch.ops.flyreg.rmsnorm(x, weight, 1e-6)
     y = torch.ops.flyreg.fused_add_rmsnorm(x, residual, weight, 1e-6)  # residual += x, in place
 
-Cost: the torch.library dispatch around the tuner costs tens of microseconds per eager call
-on the host (about 25 us measured on the H200's host, against about 20 us for the Triton
-launch itself). Use the custom ops where ``torch.compile`` needs them, and keep eager serving
-code on ``flyreg.op(...)``. Inside a compiled graph replayed through CUDA graphs the dispatch
-cost is paid at capture only. Forward only: no autograd formula is registered.
+Cost: the ops are defined with ``torch.library.Library`` (a schema and one
+CompositeExplicitAutograd kernel), not ``torch.library.custom_op``, whose Python wrapper
+layers cost about 25 us per eager call on the H200's host. The dispatcher then calls the
+tuner directly; ``benchmarks/launch_overhead.py`` measures what is left. Inside a compiled
+graph replayed through CUDA graphs the dispatch cost is paid at capture only. Forward only:
+no autograd formula is registered.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ OPS = ("rmsnorm", "fused_add_rmsnorm")
 
 _lock = threading.Lock()
 _defs: dict[str, Any] = {}
+_libs: list[Any] = []
 _tuners: dict[str, Any] = {}
 
 
@@ -50,40 +52,54 @@ def _fake_output(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+#: Schemas: ``Tensor(a!)`` marks the residual as written in place.
+SCHEMAS = {
+    "rmsnorm": "rmsnorm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor",
+    "fused_add_rmsnorm": "fused_add_rmsnorm(Tensor x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> Tensor",
+}
+
+
+def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(mean(x**2, -1) + eps) * weight``, computed by flyreg's tuned kernel."""
+    return _tuner("rmsnorm")(x, weight, eps)
+
+
+def _fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float = 1e-6) -> torch.Tensor:
+    """``residual += x`` in place, then the RMSNorm of the stored residual, by flyreg's tuned kernel."""
+    return _tuner("fused_add_rmsnorm")(x, residual, weight, eps)
+
+
+def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return _fake_output(x)
+
+
+def _fused_add_rmsnorm_fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float = 1e-6) -> torch.Tensor:
+    return _fake_output(x)
+
+
 def register_torch_ops() -> dict[str, Any]:
     """Register ``torch.ops.flyreg.rmsnorm`` and ``torch.ops.flyreg.fused_add_rmsnorm`` (once per process).
 
-    Returns the custom op objects by name. Raises RuntimeError on a torch without
-    ``torch.library.custom_op`` (torch < 2.4).
+    Returns the op packets (``torch.ops.flyreg.<name>``) by name. Raises RuntimeError on a torch
+    without ``torch.library.register_fake`` (torch < 2.4).
     """
     with _lock:
         if _defs:
             return dict(_defs)
-        custom_op = getattr(torch.library, "custom_op", None)
-        if custom_op is None:
-            raise RuntimeError(f"flyreg torch ops need torch.library.custom_op (torch >= 2.4); "
+        register_fake = getattr(torch.library, "register_fake", None)
+        if register_fake is None:
+            raise RuntimeError(f"flyreg torch ops need torch.library.register_fake (torch >= 2.4); "
                                f"this is torch {torch.__version__}")
-
-        @custom_op(f"{NAMESPACE}::rmsnorm", mutates_args=())
-        def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-            """``x / sqrt(mean(x**2, -1) + eps) * weight``, computed by flyreg's tuned kernel."""
-            return _tuner("rmsnorm")(x, weight, eps=eps)
-
-        @rmsnorm.register_fake
-        def _(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-            return _fake_output(x)
-
-        @custom_op(f"{NAMESPACE}::fused_add_rmsnorm", mutates_args=("residual",))
-        def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                              eps: float = 1e-6) -> torch.Tensor:
-            """``residual += x`` in place, then the RMSNorm of the stored residual, by flyreg's tuned kernel."""
-            return _tuner("fused_add_rmsnorm")(x, residual, weight, eps=eps)
-
-        @fused_add_rmsnorm.register_fake
-        def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-            return _fake_output(x)
-
-        _defs.update(rmsnorm=rmsnorm, fused_add_rmsnorm=fused_add_rmsnorm)
+        lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+        impls = {"rmsnorm": (_rmsnorm, _rmsnorm_fake), "fused_add_rmsnorm": (_fused_add_rmsnorm, _fused_add_rmsnorm_fake)}
+        for name, (impl, fake) in impls.items():
+            lib.define(SCHEMAS[name])
+            lib.impl(name, impl, "CompositeExplicitAutograd")
+            register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
+        _libs.append(lib)  # the registrations live as long as the Library object
+        _defs.update((name, getattr(getattr(torch.ops, NAMESPACE), name)) for name in OPS)
         return dict(_defs)
 
 

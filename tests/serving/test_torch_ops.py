@@ -11,7 +11,7 @@ import torch
 
 from flyreg.registry import REGISTRY
 
-TORCH_OPS_NEEDED = pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="needs torch >= 2.4")
+TORCH_OPS_NEEDED = pytest.mark.skipif(not hasattr(torch.library, "register_fake"), reason="needs torch >= 2.4")
 pytestmark = TORCH_OPS_NEEDED
 
 

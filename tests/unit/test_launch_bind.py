@@ -43,11 +43,56 @@ def test_bind_once_per_call_signature_then_the_bound_launcher_runs() -> None:
     x = torch.randn(4, 8)
     for _ in range(3):
         torch.testing.assert_close(op(x, eps=0.5), x * 3 + 0.5)
-    assert [e for e in events if e[0] == "bind"] == [("bind", ((4, 8), {"eps": 0.5}))]
-    assert [e for e in events if e[0] != "bind"] == [("bound", 4)] * 3  # hints still reach it; unbound never runs
+    # The config's hints reach bind, once; the bound launcher gets the call's own arguments only.
+    assert [e for e in events if e[0] == "bind"] == [("bind", ((4, 8), {"eps": 0.5, "num_warps": 4}))]
+    assert [e for e in events if e[0] != "bind"] == [("bound", None)] * 3  # unbound never runs
     op(torch.randn(2, 8), eps=0.5)  # another shape: another bind
     op(x, eps=0.25)  # another scalar value: another bind
-    assert [e[1] for e in events if e[0] == "bind"][1:] == [((2, 8), {"eps": 0.5}), ((4, 8), {"eps": 0.25})]
+    assert [e[1] for e in events if e[0] == "bind"][1:] == [((2, 8), {"eps": 0.5, "num_warps": 4}),
+                                                             ((4, 8), {"eps": 0.25, "num_warps": 4})]
+
+
+def test_search_binds_every_candidate_before_timing_any_on_a_thread_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    events: list[tuple[str, Any]] = []
+    threads: set[str] = set()
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        def launch(x: torch.Tensor) -> torch.Tensor:
+            events.append(("unbound", config.kwargs["S"]))
+            return x * config.kwargs["S"]
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            threads.add(threading.current_thread().name)
+            events.append(("bind", config.kwargs["S"]))
+
+            def bound(x: torch.Tensor) -> torch.Tensor:
+                events.append(("run", config.kwargs["S"]))
+                return x * config.kwargs["S"]
+
+            return bound
+
+        launch.bind = bind  # type: ignore[attr-defined]
+        return launch
+
+    monkeypatch.setenv("FLYREG_COMPILE_THREADS", "4")
+    configs = [Config({"S": s}) for s in (1, 2, 3, 4, 5, 6)]
+    op = flyreg.autotune_builder("bind_pool", build, lambda x: {"n": x.shape[-1]}, configs, warmup=0, rep=1,
+                                 build_cache=BuildCache())
+    op.tune(torch.randn(8))
+    first_run = next(i for i, e in enumerate(events) if e[0] == "run")
+    assert sorted(s for kind, s in events[:first_run] if kind == "bind") == [1, 2, 3, 4, 5, 6]
+    assert all(t.startswith("flyreg-bind-bind_pool") for t in threads)
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "many"])
+def test_compile_threads_must_be_a_positive_int(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from flyreg.search import compile_threads
+
+    monkeypatch.setenv("FLYREG_COMPILE_THREADS", raw)
+    with pytest.raises(ValueError, match="FLYREG_COMPILE_THREADS must be a positive int"):
+        compile_threads()
 
 
 def test_bind_must_return_a_callable() -> None:

@@ -1,0 +1,91 @@
+"""The compiled-kernel launcher of the RMSNorm plugin on a real GPU (marker ``gpu``).
+
+The bound launcher calls Triton's C launcher directly; these tests check that it computes what
+``kernel[grid]`` computes, and that it falls back to ``kernel[grid]`` where the shortcut would be
+wrong (a misaligned tensor, a launch hook set).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flyreg
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+EPS = 1e-6
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    xd = x.double()
+    return xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + eps) * w.double()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("M,N,rows,block,warps", [(1, 4096, 1, 4096, 8), (300, 2880, 1, 4096, 4),
+                                                  (4096, 1024, 4, 1024, 8), (64, 16384, 1, 4096, 8)])
+def test_bound_launch_equals_the_generic_launch_bitwise(M: int, N: int, rows: int, block: int, warps: int) -> None:
+    from flyreg_rmsnorm import triton_kernels as tk
+
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+    bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=block, ROWS=rows, num_warps=warps)
+    for _ in range(2):  # fresh inputs of the bound signature, not the ones bound with
+        x.normal_()
+        y = bound(x, w)
+        want = torch.full_like(x, float("nan"))
+        tk._rmsnorm_kernel[((M + rows - 1) // rows,)](x, w, want, M, N, N, EPS, BLOCK_N=block, ROWS=rows,
+                                                      ONE_PASS=block >= N, num_warps=warps)
+        assert torch.equal(y, want)
+        assert rel_err(y, reference(x, w)) < 1e-2
+
+
+def test_a_misaligned_input_of_a_bound_signature_is_launched_correctly() -> None:
+    op = flyreg.op("rmsnorm")
+    M, N = 8, 4096
+    w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    op(x, w)  # binds the signature (M, N) contiguous, on a 16-byte-aligned x
+    flat = torch.randn(M * N + 1, device="cuda", dtype=torch.bfloat16)
+    shifted = flat[1:].view(M, N)  # same shape and strides, address 2 bytes past alignment
+    assert shifted.data_ptr() % 16 and shifted.stride() == x.stride()
+    assert rel_err(op(shifted, w), reference(shifted, w)) < 1e-2
+    assert rel_err(op(x, w), reference(x, w)) < 1e-2  # and the aligned calls still take the fast path correctly
+
+
+def test_fused_misaligned_residual_is_updated_and_normalized() -> None:
+    op = flyreg.op("fused_add_rmsnorm")
+    M, N = 16, 2048
+    w = torch.rand(N, device="cuda", dtype=torch.float16) + 0.5
+    op(torch.randn(M, N, device="cuda", dtype=torch.float16), torch.randn(M, N, device="cuda", dtype=torch.float16), w)
+    x = torch.randn(M, N, device="cuda", dtype=torch.float16)
+    flat = torch.randn(M * N + 3, device="cuda", dtype=torch.float16)
+    residual = flat[3:].view(M, N)
+    stored = (residual.double() + x.double()).to(torch.float16)
+    y = op(x, residual, w)
+    assert torch.equal(residual, stored)
+    assert rel_err(y, reference(stored, w)) < 2e-3
+
+
+def test_a_launch_hook_sees_every_launch() -> None:
+    from triton import knobs
+
+    from flyreg_rmsnorm import triton_kernels as tk
+
+    x = torch.randn(32, 1024, device="cuda", dtype=torch.float32)
+    w = torch.rand(1024, device="cuda", dtype=torch.float32) + 0.5
+    bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=1024, ROWS=1, num_warps=4)
+    seen: list[str] = []
+    old = knobs.runtime.launch_enter_hook
+    knobs.runtime.launch_enter_hook = lambda metadata: seen.append(metadata.get()["name"])
+    try:
+        y = bound(x, w)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.launch_enter_hook = old
+    assert seen and "rmsnorm" in seen[0]
+    assert rel_err(y, reference(x, w)) < 1e-5
