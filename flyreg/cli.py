@@ -161,6 +161,7 @@ def cli() -> None:
       FLYREG_CONFIG_DIR   artifact dirs (os.pathsep-separated); the first is where tune writes
       FLYREG_CACHE_DIR    the scratch cache dir
       FLYREG_DISABLE_OPS  ops to treat as disabled (comma-separated)
+      FLYREG_COMPILE_THREADS  threads compiling a search's candidates
     """
 
 

@@ -236,7 +236,7 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
         except KeyboardInterrupt:
             interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
     _summary(console, jobs, device, out_dir)
-    if todo:
+    if todo and interrupted is None:
         timed = sum(len(j.result.timings) for j in jobs if j.result is not None)
         console.print(f"cost: {timed} configs benchmarked, {BUILD_CACHE.builds - builds0} builds, "
                       f"{time.perf_counter() - start:.1f} s", markup=False, highlight=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -269,6 +270,10 @@ def test_tune_everything_tunes_the_others_and_fails_for_the_broken_one(cmd: Flyr
         assert f"{spec},device_name=" in " ".join(written) and winner.startswith("ROW_BLOCK=")
         assert time_.endswith(("us", "ms")) and speedup.endswith("x") and int(tried) >= 1 and failed == "0"
     assert f"{CPU_WORKLOADS} tuned, 1 skipped, 1 failed; artifacts in {cmd.dirs['configs']}" in tuned.stdout
+    cost = re.search(r"^cost: (\d+) configs benchmarked, (\d+) builds, [\d.]+ s$", tuned.stdout, re.MULTILINE)
+    assert cost, tuned.stdout
+    assert int(cost[1]) == sum(int(r[5]) for r in tuned_rows)  # every tried CPU config was timed
+    assert 1 <= int(cost[2]) <= int(cost[1])
     assert "ETA" in tuned.stderr  # the progress bar
 
 
