@@ -81,6 +81,29 @@ def do_bench(
         return _bench_cuda(torch, dev, fn, warmup, rep, setup, flush_l2)
 
 
+#: Seconds of back-to-back launches before a search times anything on a GPU: an H200 idle through
+#: a compile phase drops to its lowest clock (345 MHz), and the first config timed would read slow.
+WARM_SECONDS = 0.05
+
+
+def warm_device(fn: Callable[[], Any], device: Any, seconds: float = WARM_SECONDS) -> int:
+    """Call ``fn()`` back to back for ``seconds`` of wall time on a CUDA ``device`` so its clocks are
+    up before timing starts; returns the number of calls (0 off CUDA, where nothing runs)."""
+    kind = getattr(device, "type", None) or str(device).partition(":")[0]
+    if kind != "cuda":
+        return 0
+    import torch
+
+    calls = 0
+    end = time.perf_counter() + seconds
+    with torch.cuda.device(torch.device(device)):
+        while calls == 0 or time.perf_counter() < end:
+            fn()
+            calls += 1
+        torch.cuda.synchronize()
+    return calls
+
+
 def _bench_cpu(fn: Callable[[], Any], warmup: int, rep: int, setup: Callable[[], Any] | None) -> BenchResult:
     for _ in range(warmup):
         if setup is not None:

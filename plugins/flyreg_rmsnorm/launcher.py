@@ -56,7 +56,10 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
         ptrs = 0
         for i in aligned:
             ptrs |= a[i].data_ptr()
-        if ptrs % ALIGN or runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        # Triton >= 3.5 keeps each hook as a HookChain, empty unless something added to it.
+        if (ptrs % ALIGN or (enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True))):
             generic(*a, **constexprs, **hints)
             return
         run(g0, g1, g2, stream_of(dev), function, packed, None, None, None, *a, *const_vals)

@@ -89,3 +89,26 @@ def test_a_launch_hook_sees_every_launch() -> None:
         knobs.runtime.launch_enter_hook = old
     assert seen and "rmsnorm" in seen[0]
     assert rel_err(y, reference(x, w)) < 1e-5
+
+
+def test_aligned_calls_skip_kernel_grid_and_misaligned_ones_take_it() -> None:
+    from flyreg_rmsnorm import triton_kernels as tk
+
+    kernel = tk._rmsnorm_kernel
+    M, N = 4, 2048
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+    bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=2048, ROWS=1, num_warps=4)
+    generic: list[int] = []
+    hook = lambda *args, **kwargs: generic.append(1)  # noqa: E731  # runs on every kernel[grid](...) launch
+    kernel.add_pre_run_hook(hook)
+    try:
+        for _ in range(3):
+            x.normal_()
+            assert rel_err(bound(x, w), reference(x, w)) < 1e-2
+        assert generic == []  # the compiled kernel's launcher, directly
+        shifted = torch.randn(M * N + 1, device="cuda", dtype=torch.bfloat16)[1:].view(M, N)
+        assert rel_err(bound(shifted, w), reference(shifted, w)) < 1e-2
+        assert generic == [1]  # misaligned: Triton's own launch, which picks an unaligned binary
+    finally:
+        kernel.pre_run_hooks.remove(hook)

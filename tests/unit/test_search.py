@@ -392,6 +392,24 @@ def test_pick_winner_directly() -> None:
     assert pick_winner([(a, r([0.509])), (b, r([0.5]))], None, 0.02) == (a, 0.509)
 
 
+def test_the_default_stays_when_the_measurement_cannot_tell_it_from_the_fastest() -> None:
+    a, d = Config({"CHUNK": 1}), Config({"CHUNK": 2})
+    r = BenchResult.of
+    jittery_fast = r([3.0, 3.2, 4.0, 4.4, 5.0])  # median 4.0, p80 4.52
+    jittery_default = r([4.3, 4.5, 4.6, 5.0, 6.0])  # median 4.6 (15 % slower), p20 4.46: overlaps
+    assert pick_winner([(a, jittery_fast), (d, jittery_default)], d, 0.02) == (d, 4.6)
+    clearly_slower = r([4.8, 4.9, 5.0, 5.1, 5.2])  # p20 4.88 is above the fastest's p80
+    assert pick_winner([(a, jittery_fast), (d, clearly_slower)], d, 0.02) == (a, 4.0)
+    assert pick_winner([(a, jittery_fast), (d, jittery_default)], None, 0.02) == (a, 4.0)  # no default: fastest
+
+
+def test_warm_device_runs_nothing_off_cuda() -> None:
+    from flyreg.bench import warm_device
+
+    calls: list[int] = []
+    assert warm_device(lambda: calls.append(1), "cpu") == 0 and not calls
+
+
 def test_tune_error_on_zero_candidates() -> None:
     tuner, _ = double_op("none_left", prune_configs_by=lambda cs, spec: [])
     with pytest.raises(TuneError, match="none_left.*no candidate"):

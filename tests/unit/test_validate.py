@@ -225,5 +225,17 @@ def test_artifacts_of_unusable_ops_are_a_warning_not_unknown(tuned: Path, status
 
 def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
     shipped = Path(__file__).resolve().parents[2] / "offline_configs"
-    problems = check_artifacts([shipped], {"rmsnorm": "1"}, accepts=flyreg.registry.accepts)
+    problems = check_artifacts([shipped], {"rmsnorm": "1", "fused_add_rmsnorm": "1"}, accepts=flyreg.registry.accepts)
     assert {p.severity for p in problems} <= {"stale"}, problems
+
+
+def test_the_shipped_artifacts_cover_every_gpu_workload_of_both_rmsnorm_ops() -> None:
+    from flyreg.offline import artifact_filename, canonical_spec
+
+    shipped = Path(__file__).resolve().parents[2] / "offline_configs"
+    for op in ("rmsnorm", "fused_add_rmsnorm"):
+        workloads = flyreg.registry.REGISTRY.plugin(op).workloads("cuda")
+        assert len(workloads) == 15 * 3 * 5
+        missing = [w for w in workloads
+                   if not (shipped / artifact_filename(op, canonical_spec(w), "NVIDIA_H200")).is_file()]
+        assert not missing, f"{op}: {len(missing)} GPU workloads have no shipped H200 artifact, e.g. {missing[:3]}"
