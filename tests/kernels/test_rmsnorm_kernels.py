@@ -75,14 +75,19 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 @pytest.fixture
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every floating torch.empty come back filled with NaN, so unwritten outputs show."""
-    real_empty = torch.empty
+    """Make every floating torch.empty and torch.empty_like come back filled with NaN, so unwritten outputs show."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
 
     def empty(*args: Any, **kwargs: Any) -> torch.Tensor:
         t = real_empty(*args, **kwargs)
         return t.fill_(math.nan) if t.is_floating_point() else t
 
+    def empty_like(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t = real_empty_like(*args, **kwargs)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
     monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
 
 
 # ---- helpers ---------------------------------------------------------------------------
