@@ -100,6 +100,8 @@ def warm_device(fn: Callable[[], Any], device: Any, seconds: float = WARM_SECOND
         while calls == 0 or time.perf_counter() < end:
             fn()
             calls += 1
+            if calls % 8 == 0:  # the host must not queue more than the GPU runs in ``seconds``
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
     return calls
 

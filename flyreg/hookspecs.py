@@ -57,7 +57,8 @@ def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
     ``bind(args, kwargs)`` attribute: flyreg then calls it once per call signature (tensor
     dtypes, shapes, strides, devices and other argument values), with the call's keywords plus
     those hints, and launches what it returns with the call's own arguments, so validation,
-    launch arithmetic and compiling stay off the steady-state call.
+    launch arithmetic and compiling stay off the steady-state call. A search calls ``bind`` for
+    its candidates from several threads at once.
 
     Example::
 

@@ -161,8 +161,9 @@ def bind_all(tuner: Autotuner, cands: list[Config], spec: dict[str, JSONScalar],
              kwargs: dict[str, Any]) -> dict[Config, Launcher | Exception]:
     """Every candidate's bound launcher (or the exception binding it raised), before any is timed.
 
-    Builds run in order on this thread (the build cache counts each structural build once);
-    binds, where backends compile, run on a thread pool so their compiles overlap. A
+    Builds run in order on this thread (the build cache counts each structural build once), then
+    the first bind; the other binds, where backends compile, run on a thread pool so their
+    compiles overlap (so ``bind`` must be thread-safe). A
     :class:`LaunchSignatureError` (the call is wrong, not a config) is raised.
     """
     out: dict[Config, Launcher | Exception] = {}
@@ -184,9 +185,11 @@ def bind_all(tuner: Autotuner, cands: list[Config], spec: dict[str, JSONScalar],
     threads = min(compile_threads(), len(todo))
     if threads <= 1:
         out.update((c, bind(c)) for c in todo)
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{tuner.name}") as pool:
-            out.update(zip(todo, pool.map(bind, todo)))
+        return out
+    # The first bind runs here, alone: a backend's first use of a kernel may set up caches unsafely.
+    out[todo[0]] = bind(todo[0])
+    with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{tuner.name}") as pool:
+        out.update(zip(todo[1:], pool.map(bind, todo[1:])))
     return out
 
 

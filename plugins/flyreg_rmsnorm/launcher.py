@@ -3,9 +3,11 @@
 ``kernel[grid](...)`` binds the arguments, computes their specialization and looks the binary up
 on every call (about 10 us of host time on the H200's host). A bound launch knows all of that
 for its call signature already, so it calls the compiled kernel's launcher directly. It falls
-back to ``kernel[grid]`` where the shortcut would be wrong: Triton's interpreter, a launch hook
-set (profilers read launch metadata), or a tensor whose address is not 16-byte aligned while the
-binary was specialized for aligned ones.
+back to ``kernel[grid]`` where the shortcut would be wrong: Triton's interpreter, a Triton older
+than the launcher interface this was checked against (3.6), a launch hook or a pre-run hook set
+(profilers read launch metadata), or a tensor whose address is not 16-byte aligned (the binary
+is compiled for aligned tensors). Like ``kernel[grid]``, it expects the tensors' device to be the
+current CUDA device.
 """
 
 from __future__ import annotations
@@ -14,12 +16,29 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from triton import knobs
-from triton.runtime import driver
-from triton.runtime.jit import JITFunction
+import triton
 
 #: Pointer alignment Triton specializes tensor arguments on.
 ALIGN = 16
+#: Oldest Triton whose ``CompiledKernel.run`` takes (grid, stream, function, metadata, hooks, every
+#: argument constexprs included) and keeps launch hooks as ``knobs.runtime`` HookChains: 3.6 was run
+#: on the H200; 3.9's source has the same interface.
+MIN_TRITON = (3, 6)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for p in text.split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+FAST = _version(triton.__version__) >= MIN_TRITON
+if FAST:
+    from triton import knobs
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
 
 
 def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: Mapping[str, Any],
@@ -28,39 +47,44 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
 
     ``args`` are example runtime arguments (in the kernel's parameter order, without the
     constexprs); every later call must pass arguments of the same types, integer values and
-    tensor dtypes. The binary is compiled (or loaded from Triton's cache) here, so compile
-    errors such as running out of shared memory are raised here, not at the first launch.
+    tensor dtypes. The binary is compiled (or loaded from Triton's cache) here, for 16-byte
+    aligned tensors, so compile errors such as running out of shared memory are raised here,
+    not at the first launch.
     """
     generic = kernel[grid]
-    if not isinstance(kernel, JITFunction):  # Triton's interpreter: no binary to call
-        def interpreted(*a: Any) -> None:
-            generic(*a, **constexprs, **hints)
 
-        return interpreted
+    def slow(*a: Any) -> None:
+        generic(*a, **constexprs, **hints)
+
+    if not FAST or not isinstance(kernel, JITFunction):  # Triton's interpreter, or an unchecked Triton
+        return slow
     names = kernel.arg_names[len(args):]
     missing = [n for n in names if n not in constexprs]
     if missing:
-        raise TypeError(f"{kernel.__name__ if hasattr(kernel, '__name__') else kernel}: constexprs {missing} not given")
+        raise TypeError(f"{kernel}: constexprs {missing} not given")
     const_vals = tuple(constexprs[n] for n in names)
+    tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    # Fresh allocations stand in for the tensors: aligned, so the binary is the aligned one.
+    probe = tuple(torch.empty(1, dtype=a.dtype, device=device) if isinstance(a, torch.Tensor) else a for a in args)
     with torch.cuda.device(device):
-        compiled = kernel.warmup(*args, grid=grid, **constexprs, **hints)
+        compiled = kernel.warmup(*probe, grid=grid, **constexprs, **hints)
         compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an async-compile future
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata  # .run loads the binary
     g0, g1, g2 = (*grid, 1, 1)[:3]
-    aligned = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.data_ptr() % ALIGN == 0)
     stream_of = driver.active.get_current_stream
     dev = device.index if device.index is not None else torch.cuda.current_device()
     runtime = knobs.runtime
+    pre_run = kernel.pre_run_hooks
 
     def launch(*a: Any) -> None:
         ptrs = 0
-        for i in aligned:
+        for i in tensors:
             ptrs |= a[i].data_ptr()
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        # Triton >= 3.5 keeps each hook as a HookChain, empty unless something added to it.
-        if (ptrs % ALIGN or (enter is not None and getattr(enter, "calls", True))
+        # Launch hooks are HookChains, empty unless something added to one.
+        if (ptrs % ALIGN or pre_run or (enter is not None and getattr(enter, "calls", True))
                 or (leave is not None and getattr(leave, "calls", True))):
-            generic(*a, **constexprs, **hints)
+            slow(*a)
             return
         run(g0, g1, g2, stream_of(dev), function, packed, None, None, None, *a, *const_vals)
 

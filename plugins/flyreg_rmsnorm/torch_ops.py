@@ -17,8 +17,13 @@ Cost: the ops are defined with ``torch.library.Library`` (a schema and one
 CompositeExplicitAutograd kernel), not ``torch.library.custom_op``, whose Python wrapper
 layers cost about 25 us per eager call on the H200's host. The dispatcher then calls the
 tuner directly; ``benchmarks/launch_overhead.py`` measures what is left. Inside a compiled
-graph replayed through CUDA graphs the dispatch cost is paid at capture only. Forward only:
-no autograd formula is registered.
+graph replayed through CUDA graphs the dispatch cost is paid at capture only.
+
+Forward only: no autograd formula is registered. A backward through an op's output warns
+that no autograd kernel is registered and passes no gradient to its inputs (their ``.grad``
+stays None); an Autograd-key kernel that raised instead would run Python on every eager call.
+The in-place write to ``residual`` bumps its version counter, so autograd still refuses a
+backward through a graph that saved the old residual.
 """
 
 from __future__ import annotations
@@ -67,7 +72,10 @@ def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 def _fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float = 1e-6) -> torch.Tensor:
     """``residual += x`` in place, then the RMSNorm of the stored residual, by flyreg's tuned kernel."""
-    return _tuner("fused_add_rmsnorm")(x, residual, weight, eps)
+    y = _tuner("fused_add_rmsnorm")(x, residual, weight, eps)
+    if not residual.is_inference():  # what custom_op's ADInplaceOrView kernel did: autograd sees the write
+        torch.autograd.graph.increment_version(residual)
+    return y
 
 
 def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -7,6 +7,8 @@ wrong (a misaligned tensor, a launch hook set).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -91,24 +93,34 @@ def test_a_launch_hook_sees_every_launch() -> None:
     assert rel_err(y, reference(x, w)) < 1e-5
 
 
-def test_aligned_calls_skip_kernel_grid_and_misaligned_ones_take_it() -> None:
+def test_aligned_calls_skip_kernel_grid_and_the_others_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from flyreg_rmsnorm import triton_kernels as tk
 
     kernel = tk._rmsnorm_kernel
     M, N = 4, 2048
-    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    flat = torch.randn(M * N + 1, device="cuda", dtype=torch.bfloat16)
+    first = flat[1:].view(M, N)  # the signature is bound on a misaligned x: the binary is still the aligned one
     w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
-    bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=2048, ROWS=1, num_warps=4)
+    bound = tk.bind_rmsnorm(first, w, EPS, BLOCK_N=2048, ROWS=1, num_warps=4)
     generic: list[int] = []
-    hook = lambda *args, **kwargs: generic.append(1)  # noqa: E731  # runs on every kernel[grid](...) launch
+    real_run = kernel.run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:  # JITFunction.run is what kernel[grid](...) calls
+        generic.append(1)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", counted)
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        x.normal_()
+        assert rel_err(bound(x, w), reference(x, w)) < 1e-2
+    assert generic == []  # aligned: the compiled kernel's launcher, directly
+    assert rel_err(bound(first, w), reference(first, w)) < 1e-2
+    assert generic == [1]  # misaligned: Triton's own launch, which picks an unaligned binary
+    hook = lambda *args, **kwargs: None  # noqa: E731
     kernel.add_pre_run_hook(hook)
     try:
-        for _ in range(3):
-            x.normal_()
-            assert rel_err(bound(x, w), reference(x, w)) < 1e-2
-        assert generic == []  # the compiled kernel's launcher, directly
-        shifted = torch.randn(M * N + 1, device="cuda", dtype=torch.bfloat16)[1:].view(M, N)
-        assert rel_err(bound(shifted, w), reference(shifted, w)) < 1e-2
-        assert generic == [1]  # misaligned: Triton's own launch, which picks an unaligned binary
+        assert rel_err(bound(x, w), reference(x, w)) < 1e-2
     finally:
         kernel.pre_run_hooks.remove(hook)
+    assert generic == [1, 1]  # a pre-run hook must see the launch

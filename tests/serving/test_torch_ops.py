@@ -161,3 +161,20 @@ def test_inductor_on_cuda(ops: dict, mode: str | None) -> None:
         torch.cuda.synchronize()
         assert torch.equal(residual, stored)
         assert rel_err(y, ref) < 2e-2
+
+
+def test_fused_custom_op_bumps_the_residual_version_and_rmsnorm_is_forward_only(ops: dict) -> None:
+    x, w = torch.randn(4, 32), torch.rand(32) + 0.5
+    residual = torch.randn(4, 32)
+    before = residual._version
+    torch.ops.flyreg.fused_add_rmsnorm(x, residual, w, 1e-6)
+    assert residual._version > before  # autograd can tell the residual was overwritten
+    with torch.inference_mode():  # inference tensors have no version counter: still runs
+        r = torch.randn(4, 32)
+        y = torch.ops.flyreg.fused_add_rmsnorm(torch.randn(4, 32), r, w, 1e-6)
+        assert y.shape == (4, 32)
+    leaf = torch.randn(4, 32, requires_grad=True)
+    out = torch.ops.flyreg.rmsnorm(leaf, w, 1e-6)
+    with pytest.warns(UserWarning, match="autograd kernel was not registered"):
+        out.sum().backward()
+    assert leaf.grad is None  # forward only: no gradient reaches the input
