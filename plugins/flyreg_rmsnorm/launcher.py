@@ -5,9 +5,9 @@ on every call (about 10 us of host time on the H200's host). A bound launch know
 for its call signature already, so it calls the compiled kernel's launcher directly. It falls
 back to ``kernel[grid]`` where the shortcut would be wrong: Triton's interpreter, a Triton older
 than the launcher interface this was checked against (3.6), a launch hook or a pre-run hook set
-(profilers read launch metadata), or a tensor whose address is not 16-byte aligned (the binary
-is compiled for aligned tensors). Like ``kernel[grid]``, it expects the tensors' device to be the
-current CUDA device.
+(profilers read launch metadata), or a tensor whose address is not 16-byte aligned where the
+binary was compiled for an aligned one. Like ``kernel[grid]``, it expects the tensors' device to
+be the current CUDA device.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
 
     ``args`` are example runtime arguments (in the kernel's parameter order, without the
     constexprs); every later call must pass arguments of the same types, integer values and
-    tensor dtypes. The binary is compiled (or loaded from Triton's cache) here, for 16-byte
-    aligned tensors, so compile errors such as running out of shared memory are raised here,
-    not at the first launch.
+    tensor dtypes. The binary is compiled (or loaded from Triton's cache) here, specialized like
+    ``args`` (alignment included), so compile errors such as running out of shared memory are
+    raised here, not at the first launch.
     """
     generic = kernel[grid]
 
@@ -63,11 +63,8 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
     if missing:
         raise TypeError(f"{kernel}: constexprs {missing} not given")
     const_vals = tuple(constexprs[n] for n in names)
-    tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-    # Fresh allocations stand in for the tensors: aligned, so the binary is the aligned one.
-    probe = tuple(torch.empty(1, dtype=a.dtype, device=device) if isinstance(a, torch.Tensor) else a for a in args)
     with torch.cuda.device(device):
-        compiled = kernel.warmup(*probe, grid=grid, **constexprs, **hints)
+        compiled = kernel.warmup(*args, grid=grid, **constexprs, **hints)
         compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an async-compile future
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata  # .run loads the binary
     g0, g1, g2 = (*grid, 1, 1)[:3]
@@ -75,6 +72,8 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
     dev = device.index if device.index is not None else torch.cuda.current_device()
     runtime = knobs.runtime
     pre_run = kernel.pre_run_hooks
+    # Tensors the binary assumes 16-byte aligned (as they were here); a later misaligned one goes the slow way.
+    tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.data_ptr() % ALIGN == 0)
 
     def launch(*a: Any) -> None:
         ptrs = 0
