@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 import flyreg
+from flyreg import steady
 from flyreg.registry import REGISTRY
 
 GRID_N = (128, 512, 1024, 1536, 2048, 2880, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
@@ -38,30 +39,9 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 
 
 def steady_ms(fns: list[Callable[[], Any]], inner: int, reps: int) -> float:
-    """Median milliseconds per call of ``inner`` calls cycling through ``fns``, replayed as one CUDA graph."""
-    def body() -> None:
-        for i in range(inner):
-            fns[i % len(fns)]()
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()  # warm-up outside capture: compiles, resolves configs, autotunes peers
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    del graph
-    return statistics.median(times)
+    """Median milliseconds per call of ``inner`` calls cycling through ``fns``, replayed as one CUDA graph
+    (:func:`flyreg.steady.median_ms`: the replay a search times with; outputs stay alive past the L2)."""
+    return steady.median_ms(fns, inner, reps)
 
 
 def copy_tbps(reps: int) -> float:

@@ -88,7 +88,7 @@ def _variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w:
 
     def plugin_kernel(rows: int, warps: int) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
-        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, N, EPS, BLOCK_N=P, ROWS=rows,
+        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=P, ROWS=rows,
                                                            ONE_PASS=True, num_warps=warps))
 
     def persistent(rows: int, warps: int, stages: int, evict: bool, per_sm: int) -> Callable[[int], Callable[[], Any]]:
@@ -178,23 +178,23 @@ def launch() -> None:
     w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
     y = torch.empty_like(x)
     kernel = tk._rmsnorm_kernel
-    constexprs = {"BLOCK_N": 4096, "ROWS": 1, "ONE_PASS": True}
-    compiled = kernel.warmup(x, w, y, M, N, N, EPS, grid=(1,), **constexprs, num_warps=8)
+    constexprs = {"N": N, "BLOCK_N": 4096, "ROWS": 1, "ONE_PASS": True}
+    compiled = kernel.warmup(x, w, y, M, N, EPS, grid=(1,), **constexprs, num_warps=8)
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     stream_of = driver.active.get_current_stream
     dev = x.device.index
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
 
     def c_launch(out: torch.Tensor) -> torch.Tensor:
-        run(1, 1, 1, stream_of(dev), function, packed, None, enter, leave, x, w, out, M, N, N, EPS, 4096, 1, True)
+        run(1, 1, 1, stream_of(dev), function, packed, None, enter, leave, x, w, out, M, N, EPS, N, 4096, 1, True)
         return out
 
     fns = {
-        "kernel[grid](...), output preallocated": lambda: kernel[(1,)](x, w, y, M, N, N, EPS, **constexprs,
+        "kernel[grid](...), output preallocated": lambda: kernel[(1,)](x, w, y, M, N, EPS, **constexprs,
                                                                           num_warps=8),
         "torch.empty + kernel[grid](...)": lambda: kernel[(1,)](x, w, torch.empty((M, N), dtype=x.dtype,
                                                                                   device=x.device),
-                                                                 M, N, N, EPS, **constexprs, num_warps=8),
+                                                                 M, N, EPS, **constexprs, num_warps=8),
         "C launcher, output preallocated": lambda: c_launch(y),
         "C launcher + torch.empty": lambda: c_launch(torch.empty((M, N), dtype=x.dtype, device=x.device)),
         "C launcher + torch.empty_like": lambda: c_launch(torch.empty_like(x)),
@@ -228,7 +228,7 @@ def compile_candidates(mode: str) -> None:
     def compile_one(item: tuple[int, Any]) -> Any:
         N, c = item
         k = c.kwargs
-        return tk._rmsnorm_kernel.warmup(x, w, y, 4096, N, N, EPS, grid=(1,), BLOCK_N=k["BLOCK_N"], ROWS=k["ROWS"],
+        return tk._rmsnorm_kernel.warmup(x, w, y, 4096, N, EPS, N=N, grid=(1,), BLOCK_N=k["BLOCK_N"], ROWS=k["ROWS"],
                                          ONE_PASS=k["BLOCK_N"] >= N, **c.hints)
 
     t0 = time.perf_counter()

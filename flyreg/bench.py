@@ -14,6 +14,11 @@ import attrs
 #: for reuse (``torch.cuda.empty_cache()`` returns it), and a process that never searches takes none.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
+#: How a search times candidates on a GPU: ``steady`` (a CUDA graph of calls over rotating input
+#: copies, :mod:`flyreg.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
+#: graph of calls on the call's own inputs). A CPU search always times single calls.
+TIMINGS = ("steady", "flushed", "graph")
+
 
 @attrs.frozen
 class BenchResult:

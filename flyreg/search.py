@@ -7,10 +7,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
 from ._fileio import warn_once
 from .bench import BenchResult, do_bench, warm_device
+from .steady import COPY_BUDGET, CaptureError, InputSet, bench_steady, copy_inputs, set_count, storages
 from .compare import mismatch
 from .config import Config, JSONScalar
 from .launch import Launcher, LaunchSignatureError, arg_name
@@ -97,11 +99,11 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     in_place = {**restore, **zeroed}
     if tuner._reference is not None:
         ref, expected = _run_reference(tuner, args, kwargs, snapshot, zeroed)
-    timed: list[tuple[Config, BenchResult]] = []
     failed: list[tuple[Config, str]] = []
     rejected: list[tuple[Config, str]] = []
     bound = bind_all(tuner, cands, spec, args, kwargs)
     first = next((b for b in bound.values() if isinstance(b, Launcher)), None)
+    checked: list[tuple[Config, Launcher]] = []
     try:
         if first is not None and device is not None:
             try:
@@ -113,9 +115,8 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                 launcher = bound[config]
                 if isinstance(launcher, Exception):
                     raise launcher
-                prepare = _with_pre_hook(setup, launcher.pre, args, kwargs)
                 if ref is not None:
-                    prepare()
+                    _with_pre_hook(setup, launcher.pre, args, kwargs)()
                     why = mismatch(launcher.raw(args, kwargs), ref)
                     for n, want in expected.items():
                         why = why or mismatch(in_place[n], want, f"in-place argument {n!r}")
@@ -123,16 +124,13 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                         rejected.append((config, why))
                         warn_once(f"flyreg: {tuner.name}: config {config} rejected on spec {spec}: wrong result ({why})")
                         continue
-                result = do_bench(lambda: launcher.raw(args, kwargs), tuner.warmup, tuner.rep, setup=prepare,
-                                  device=device if device is not None else "cpu", cuda_graph=tuner.cuda_graph)
-                tuner.stats.benchmarks += 1
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
             except Exception as e:  # a failing candidate is skipped, never fatal
-                failed.append((config, f"{type(e).__name__}: {e}"))
-                warn_once(f"flyreg: {tuner.name}: config {config} failed on spec {spec}: {type(e).__name__}: {e}")
+                _failed(tuner, spec, config, e, failed)
                 continue
-            timed.append((config, result))
+            checked.append((config, launcher))
+        timed = _time_all(tuner, spec, checked, args, kwargs, device, InPlace(restore, snapshot, zero, setup), failed)
     finally:
         setup()  # the real call that follows runs on the true inputs
     if not timed:
@@ -141,6 +139,88 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     winner, winner_ms = pick_winner(timed, default, tuner.tie_band)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
+
+
+@attrs.frozen
+class InPlace:
+    """The call's in-place tensors: ``restore`` (name -> tensor) with their ``snapshot``, the ``zero``
+    ones, and ``setup``, which restores and zeroes the call's own."""
+
+    restore: dict[str, torch.Tensor]
+    snapshot: dict[str, torch.Tensor]
+    zero: list[torch.Tensor]
+    setup: Callable[[], None]
+
+    def prepare(self, s: InputSet, pre: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None) -> None:
+        """Ready input set ``s`` for one call: restore, zero, then the config's pre-hook."""
+        for n, t in self.restore.items():
+            s[t].copy_(self.snapshot[n])
+        for t in self.zero:
+            s[t].zero_()
+        if pre is not None:
+            pre(s.args, s.kwargs)
+
+
+def _is_cuda(device: Any) -> bool:
+    return device is not None and (getattr(device, "type", None) or str(device).partition(":")[0]) == "cuda"
+
+
+def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
+              args: tuple[Any, ...], kwargs: dict[str, Any], device: Any, in_place: InPlace,
+              failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
+    """Time each checked candidate the tuner's way. When steady-state timing cannot capture a
+    candidate in a CUDA graph, every candidate is timed as single calls after an L2 flush instead."""
+    mode = tuner.timing if _is_cuda(device) else "cpu"
+    if mode == "steady":
+        try:
+            return _time_steady(tuner, spec, checked, args, kwargs, in_place, failed)
+        except CaptureError as e:
+            warn_once(f"flyreg: {tuner.name}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
+                      f"calls after an L2 flush instead", key=f"no-steady:{tuner.name}")
+            mode = "flushed"
+    timed = []
+    for config, launcher in checked:
+        try:
+            result = do_bench(lambda: launcher.raw(args, kwargs), tuner.warmup, tuner.rep,
+                              setup=_with_pre_hook(in_place.setup, launcher.pre, args, kwargs),
+                              device=device if mode != "cpu" else "cpu", cuda_graph=mode == "graph")
+        except Exception as e:  # a failing candidate is skipped, never fatal
+            _failed(tuner, spec, config, e, failed)
+            continue
+        tuner.stats.benchmarks += 1
+        timed.append((config, result))
+    return timed
+
+
+def _time_steady(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
+                 args: tuple[Any, ...], kwargs: dict[str, Any], in_place: InPlace,
+                 failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
+    """Steady-state timing (:mod:`flyreg.steady`) on copies of the call's inputs shared by all candidates."""
+    prepared = bool(in_place.restore or in_place.zero) or any(la.pre is not None for _, la in checked)
+    set_bytes = sum(b for b in storages(args, kwargs).values() if b <= COPY_BUDGET)
+    sets = [InputSet(args, kwargs, {})]
+    sets += [copy_inputs(args, kwargs) for _ in range(set_count(set_bytes, prepared) - 1)]
+    timed = []
+    for config, launcher in checked:
+        pre = launcher.pre
+        needs = bool(in_place.restore or in_place.zero) or pre is not None
+        try:
+            result = bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep,
+                                  (lambda s, pre=pre: in_place.prepare(s, pre)) if needs else None)
+        except CaptureError:
+            raise
+        except Exception as e:
+            _failed(tuner, spec, config, e, failed)
+            continue
+        tuner.stats.benchmarks += 1
+        timed.append((config, result))
+    return timed
+
+
+def _failed(tuner: Autotuner, spec: dict[str, JSONScalar], config: Config, e: Exception,
+            failed: list[tuple[Config, str]]) -> None:
+    failed.append((config, f"{type(e).__name__}: {e}"))
+    warn_once(f"flyreg: {tuner.name}: config {config} failed on spec {spec}: {type(e).__name__}: {e}")
 
 
 def compile_threads() -> int:

@@ -13,7 +13,7 @@ import torch
 
 from . import cache
 from ._fileio import warn_once
-from .bench import check_counts
+from .bench import TIMINGS, check_counts
 from .builder import BUILD_CACHE, BuildCache, BuildFn
 from .config import Config, JSONScalar
 from .keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
@@ -52,6 +52,11 @@ class Autotuner:
     ``restore_value`` and ``reset_to_zero`` must name arguments the tuner can find: entries of
     ``arg_names`` (by default the positional parameters of ``specialize``) or keyword-only
     parameters of ``specialize``. Name lists are lists (or tuples), never one string.
+
+    ``timing`` says how a search on a GPU times candidates (:data:`flyreg.bench.TIMINGS`):
+    ``"steady"`` (the default) replays many calls in a CUDA graph over rotating copies of the
+    call's inputs, as a kernel runs in a model; ``warmup`` and ``rep`` then count replays.
+    A search on the CPU times single calls.
     """
 
     def __init__(
@@ -73,7 +78,7 @@ class Autotuner:
         warmup: int = 5,
         rep: int = 20,
         tie_band: float = 0.02,
-        cuda_graph: bool = False,
+        timing: str = "steady",
         config_dirs: Iterable[str | os.PathLike[str]] = (),
         ordered_axes: Iterable[str] = (),
         emit: bool = False,
@@ -88,6 +93,8 @@ class Autotuner:
             raise TypeError(f"{name}: default must be a callable of the spec, got {type(default).__name__}")
         if not callable(configs) and not isinstance(configs, Sequence):
             raise TypeError(f"{name}: configs must be a list of Config or a callable of the spec")
+        if timing not in TIMINGS:
+            raise ValueError(f"{name}: timing must be one of {list(TIMINGS)}, got {timing!r}")
         if not 0 <= tie_band < 1:
             raise ValueError(f"{name}: tie_band must be in [0, 1), got {tie_band!r}")
         try:
@@ -108,7 +115,7 @@ class Autotuner:
         self._reference = reference
         self.key_env = _names(name, "key_env", key_env)
         self.version = str(version)
-        self.warmup, self.rep, self.tie_band, self.cuda_graph = warmup, rep, tie_band, cuda_graph
+        self.warmup, self.rep, self.tie_band, self.timing = warmup, rep, tie_band, timing
         self.emit = emit
         ordered = _names(name, "ordered_axes", ordered_axes)
         self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], ordered, self.version)

@@ -79,6 +79,13 @@ def _warp_choices(tile: int) -> list[int]:
     return [c for c in (w // 2, w, w * 2) if 1 <= c <= 32 and (c * 32 <= tile or c == 1)]
 
 
+def _chunk_warp_choices(chunk: int) -> list[int]:
+    """Warps for a chunk: the default's for its size, half, double and four times (inductor's
+    looped RMSNorm on the H200 takes 2048-column chunks with 16 warps), >= 2 elements per thread."""
+    w = warps_for(chunk)
+    return [c for c in (w // 2, w, w * 2, w * 4) if 1 <= c <= 32 and c * 64 <= chunk]
+
+
 def _rows_choices(P: int, M: int) -> list[int]:
     rows = [1]
     r = 2
@@ -100,7 +107,7 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     for chunk in CHUNKS:
         if P < 4096 or chunk >= P or (chunk < 4096 and chunk * 32 < P):
             continue  # >= 2 chunks a row; chunks under 4096 only while <= 32 of them cover it
-        for w in _warp_choices(chunk):
+        for w in _chunk_warp_choices(chunk):
             for stages in (1, 3):
                 if stages == 1 or chunk * elem * stages <= MAX_STAGE_BYTES:
                     out.append(Config({"BLOCK_N": chunk, "ROWS": 1}, num_warps=w, num_stages=stages))

@@ -29,11 +29,13 @@ from .launcher import compiled_launcher
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
-# every row count, so the row buckets of one N share their compiles.
+# every row count, so the row buckets of one N share their compiles. N is a constexpr: the chunk
+# loops then have a known trip count (unrolled, their loads in flight together) and the column mask
+# of a full tile folds away (on the H200, 3 to 8 % of bandwidth at N >= 7168).
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_kernel(
-    X, W, Y, M, N, stride_x, eps,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
+    X, W, Y, M, stride_x, eps,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     # int64 row offsets: M * stride may exceed 2**31.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -70,8 +72,8 @@ def _rmsnorm_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def _fused_add_rmsnorm_kernel(
-    X, R, W, Y, M, N, stride_x, stride_r, eps,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
+    X, R, W, Y, M, stride_x, stride_r, eps,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = (rows < M)[:, None]
@@ -152,13 +154,13 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
     if M == 0:  # no rows: nothing to launch
         return lambda x, weight, eps=eps_f: alloc(x)
     probe = torch.empty(1, dtype=x.dtype, device=x.device)  # stands in for y: fresh, so aligned like every y
-    launch = compiled_launcher(_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, N, x_stride, eps_f),
-                               {"BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N},
+    launch = compiled_launcher(_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, x_stride, eps_f),
+                               {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N},
                                _hints(num_warps, num_stages), x.device)
 
     def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
-        launch(x, weight, y, M, N, x_stride, eps_f if eps == eps_f else check_eps(eps))
+        launch(x, weight, y, M, x_stride, eps_f if eps == eps_f else check_eps(eps))
         return y
 
     return run
@@ -175,13 +177,13 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
         return lambda x, residual, weight, eps=eps_f: alloc(x)
     probe = torch.empty(1, dtype=x.dtype, device=x.device)
     launch = compiled_launcher(_fused_add_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,),
-                               (x, residual, weight, probe, M, N, x_stride, r_stride, eps_f),
-                               {"BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N},
+                               (x, residual, weight, probe, M, x_stride, r_stride, eps_f),
+                               {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N},
                                _hints(num_warps, num_stages), x.device)
 
     def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
-        launch(x, residual, weight, y, M, N, x_stride, r_stride, eps_f if eps == eps_f else check_eps(eps))
+        launch(x, residual, weight, y, M, x_stride, r_stride, eps_f if eps == eps_f else check_eps(eps))
         return y
 
     return run

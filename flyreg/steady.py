@@ -1,0 +1,224 @@
+"""Steady-state timing on a GPU: a call replayed in a CUDA graph over rotating copies of its inputs.
+
+A memory-bound kernel timed alone after an L2 flush is not timed as it runs in a model: zeroing a
+flush buffer leaves dirty lines that the timed call writes back, and a call on inputs still in L2
+reads faster than any call in a forward pass. Here every call of a replay gets its own copy of
+the inputs (together at least :data:`ROTATE_BYTES`, so no call finds its inputs in L2), the
+outputs stay alive over the same distance, and launch cost is out (one CUDA graph of many calls).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from .bench import BenchResult
+
+#: Bytes of inputs (and of outputs) a replay cycles through before reusing any: twice the H200's
+#: 60 MiB L2, so a reused buffer has left it.
+ROTATE_BYTES = 128 * 1024 * 1024
+#: Most input copies a search makes, and most bytes they take together.
+MAX_SETS = 64
+COPY_BUDGET = 1024 * 1024 * 1024
+#: Device time a replay lasts at least (when calls are short), and most calls it holds.
+TARGET_MS = 0.25
+MAX_CALLS = 256
+#: Bytes read between preparing inputs and a timed replay, so the L2 holds no dirty line of theirs.
+CLEAN_BYTES = 256 * 1024 * 1024
+
+Args = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+class CaptureError(RuntimeError):
+    """The call runs eagerly but cannot be captured in a CUDA graph (it synchronizes, say)."""
+
+
+@attrs.frozen
+class InputSet:
+    """One copy of a call's arguments: ``args``, ``kwargs``, and ``copies`` (id of an original tensor -> its copy)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    copies: dict[int, torch.Tensor]
+
+    def __getitem__(self, original: torch.Tensor) -> torch.Tensor:
+        """The copy standing for ``original`` in this set (``original`` itself where it is shared)."""
+        return self.copies.get(id(original), original)
+
+
+def _walk(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if type(value) in (tuple, list):
+        return type(value)(_walk(v, fn) for v in value)
+    if type(value) is dict:
+        return {k: _walk(v, fn) for k, v in value.items()}
+    return value
+
+
+def storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[tuple[Any, int], int]:
+    """(device, storage address) -> bytes, for each storage the call's tensors view."""
+    out: dict[tuple[Any, int], int] = {}
+
+    def note(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        out[(t.device, s.data_ptr())] = s.nbytes()
+        return t
+
+    _walk((args, kwargs), note)
+    return out
+
+
+def copy_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], budget: int = COPY_BUDGET) -> InputSet:
+    """A copy of the call's arguments: each storage its tensors view is copied once and every tensor is
+    re-viewed onto its storage's copy (same offset, sizes and strides), so aliasing, slices and
+    strides are those of the call. A storage of more than ``budget`` bytes is shared, not copied.
+    """
+    fresh: dict[tuple[Any, int], torch.UntypedStorage] = {}
+    copies: dict[int, torch.Tensor] = {}
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in copies:  # the same tensor passed twice stays one tensor
+            return copies[id(t)]
+        s = t.untyped_storage()
+        if s.nbytes() > budget:
+            return t
+        key = (t.device, s.data_ptr())
+        if key not in fresh:
+            fresh[key] = s.clone()
+        c = torch.empty((0,), dtype=t.dtype, device=t.device).set_(fresh[key], t.storage_offset(), t.size(),
+                                                                   t.stride())
+        copies[id(t)] = c
+        return c
+
+    new_args, new_kwargs = _walk((args, kwargs), copy)
+    return InputSet(new_args, new_kwargs, copies)
+
+
+def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET) -> int:
+    """Input sets to rotate through (the call's own arguments are one of them).
+
+    Enough that together they exceed :data:`ROTATE_BYTES`; when each call needs its inputs
+    prepared (restored, zeroed, a pre-hook), as many as fit, since each set then runs once a
+    replay. At most :data:`MAX_SETS`, and never more copies than ``budget`` bytes hold.
+    """
+    if set_bytes <= 0:
+        return 1
+    fit = 1 + budget // set_bytes
+    want = MAX_SETS if prepared else math.ceil(ROTATE_BYTES / set_bytes)
+    return max(1, min(want, fit, MAX_SETS))
+
+
+def calls_per_replay(sets: int, call_ms: float, prepared: bool) -> int:
+    """Calls in one replay: each set once when calls are prepared; else enough for :data:`TARGET_MS`
+    of device time, a multiple of ``sets`` (at most :data:`MAX_CALLS`, at least ``sets``)."""
+    if prepared:
+        return sets
+    want = min(MAX_CALLS, math.ceil(TARGET_MS / call_ms)) if call_ms > 0 else MAX_CALLS
+    return max(sets, sets * math.ceil(want / sets))
+
+
+def _out_bytes(value: Any) -> int:
+    total = 0
+
+    def add(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.untyped_storage().nbytes()
+        return t
+
+    _walk(value, add)
+    return total
+
+
+def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
+              prepare: Callable[[], None] | None = None, out_bytes: int = 0) -> list[float]:
+    """Milliseconds per call of ``count`` calls cycling through ``calls``, replayed as one CUDA graph.
+
+    Each call's return value stays alive until :data:`ROTATE_BYTES` of later outputs were allocated
+    (``out_bytes`` each), so outputs rotate like inputs. ``prepare()``, when given, runs before each
+    timed replay, outside it, followed by a read of :data:`CLEAN_BYTES`; otherwise replays run back
+    to back. Raises :class:`CaptureError` when capture fails.
+    """
+    keep = max(1, math.ceil(ROTATE_BYTES / out_bytes)) if out_bytes > 0 else count
+
+    def body() -> None:
+        alive: deque[Any] = deque(maxlen=keep)
+        for i in range(count):
+            alive.append(calls[i % len(calls)]())
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            body()  # capture needs a run on a side stream first
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            body()
+    except Exception as e:
+        raise CaptureError(f"{type(e).__name__}: {e}") from e
+    clean = torch.empty(CLEAN_BYTES // 4, dtype=torch.float32, device="cuda") if prepare is not None else None
+    sink = torch.empty((), dtype=torch.float32, device="cuda") if clean is not None else None
+    if clean is not None:
+        clean.fill_(1.0)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(warmup + rep)]
+    for i, (start, end) in enumerate(events):
+        if prepare is not None:
+            prepare()
+            torch.sum(clean, out=sink)
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) / count for s, e in events[warmup:]]
+    del graph
+    return times
+
+
+def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet], warmup: int,
+                 rep: int, prepare: Callable[[InputSet], None] | None = None) -> BenchResult:
+    """Steady-state time of ``call(args, kwargs)`` over ``sets`` (see the module docstring).
+
+    ``prepare(set)`` readies one set for a call (restores or zeroes its in-place tensors, runs a
+    pre-hook); with it, each set runs once a replay and every set is prepared before each replay.
+    The first call runs eagerly (its errors are the config's); a capture failure raises
+    :class:`CaptureError`.
+    """
+    def one(s: InputSet) -> Callable[[], Any]:
+        return lambda: call(s.args, s.kwargs)
+
+    for s in sets:
+        if prepare is not None:
+            prepare(s)
+        out = call(s.args, s.kwargs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = sets[0]
+    if prepare is not None:
+        prepare(first)
+    start.record()
+    out = call(first.args, first.kwargs)
+    end.record()
+    end.synchronize()
+    count = calls_per_replay(len(sets), start.elapsed_time(end), prepare is not None)
+
+    def prepare_all() -> None:
+        for s in sets:
+            prepare(s)  # type: ignore[misc]
+
+    times = replay_ms([one(s) for s in sets], count, warmup, rep, prepare_all if prepare is not None else None,
+                      _out_bytes(out))
+    return BenchResult.of(times)
+
+
+def median_ms(calls: list[Callable[[], Any]], count: int, rep: int) -> float:
+    """Median steady-state milliseconds per call of ``count`` calls cycling through ``calls``
+    (for benchmarks: the same replay a search times with)."""
+    out = calls[0]()
+    return statistics.median(replay_ms(calls, count, 1, rep, out_bytes=_out_bytes(out)))
