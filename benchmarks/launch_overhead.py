@@ -61,12 +61,12 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     kernel = tk._rmsnorm_kernel
 
     def direct() -> Any:
-        kernel[grid](x, w, y, M, stride, EPS, N=N, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, **hints)
+        kernel[grid](x, w, y, M, stride, EPS, N=N, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, MASK_ROWS=M % rows != 0, **hints)
         return y
 
     def direct_alloc() -> Any:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        kernel[grid](x, w, out, M, stride, EPS, N=N, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, **hints)
+        kernel[grid](x, w, out, M, stride, EPS, N=N, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, MASK_ROWS=M % rows != 0, **hints)
         return out
 
     bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=block_n, ROWS=rows, **hints)
@@ -79,7 +79,7 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     auto = triton.autotune(configs=auto_configs, key=["N"])(kernel)
 
     def autotuned() -> Any:
-        auto[(M,)](x, w, y, M, stride, EPS, N=N, ONE_PASS=True)
+        auto[(M,)](x, w, y, M, stride, EPS, N=N, ONE_PASS=True, MASK_ROWS=False)
         return y
 
     defs = register_torch_ops()

@@ -216,14 +216,16 @@ def list_ops(as_json: bool, device: str | None) -> None:
 @click.argument("op_names", nargs=-1, metavar="[OP]...")
 @click.option("--spec", "specs", multiple=True, callback=_specs, metavar="AXIS=V,...",
               help="Tune this spec instead of the op's workloads (repeatable; needs OP).")
+@click.option("--where", "where", multiple=True, callback=_specs, metavar="AXIS=V,...",
+              help="Tune only the workloads with these axis values (repeatable: any of them).")
 @_device_option("Device to tune on")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Artifact dir (default: the first FLYREG_CONFIG_DIR entry, else the user config dir).")
 @click.option("--force", is_flag=True, help="Re-tune specs that already have a current artifact in the artifact dir.")
 @click.option("--dry-run", is_flag=True, help="List the jobs and what would happen to each; tune nothing.")
 @_user_errors
-def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], device: str | None, out: Path | None,
-         force: bool, dry_run: bool) -> None:
+def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
+         out: Path | None, force: bool, dry_run: bool) -> None:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
@@ -237,10 +239,12 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], device: str | N
     names = list(dict.fromkeys(op_names))
     if specs and not names:
         raise click.UsageError("--spec needs the OP(s) to tune: each op has its own spec axes")
+    if specs and where:
+        raise click.UsageError("--where filters the ops' workloads; with --spec there are none to filter")
     _check_op_names(names)
     dev = resolve_device(device)
     out_dir = _out_dir(out, create=not dry_run)
-    jobs = plan_jobs(names, specs, dev, out_dir, force)
+    jobs = plan_jobs(names, specs, dev, out_dir, force, where)
     if dry_run:
         print_plan(jobs, dev, out_dir)
         sys.exit(0)

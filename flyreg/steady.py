@@ -162,6 +162,7 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
         with torch.cuda.graph(graph):
             body()
     except Exception as e:
+        _end_failed_capture()
         raise CaptureError(f"{type(e).__name__}: {e}") from e
     clean = torch.empty(CLEAN_BYTES // 4, dtype=torch.float32, device="cuda") if prepare is not None else None
     sink = torch.empty((), dtype=torch.float32, device="cuda") if clean is not None else None
@@ -172,7 +173,7 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
     for i, (start, end) in enumerate(events):
         if prepare is not None:
             prepare()
-            torch.sum(clean, out=sink)
+            torch.sum(clean, 0, out=sink)
         start.record()
         graph.replay()
         end.record()
@@ -180,6 +181,21 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
     times = [s.elapsed_time(e) / count for s, e in events[warmup:]]
     del graph
     return times
+
+
+def _end_failed_capture() -> None:
+    """Leave torch's CUDA state as a successful capture would: a capture that raised never ran the
+    random generators' capture epilogue, and every later random op would then fail. A trivial
+    capture runs it."""
+    try:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        scratch = torch.zeros(1, device="cuda")
+        with torch.cuda.graph(graph):
+            scratch.add_(1.0)
+        del graph
+    except Exception:  # the search falls back either way; a broken context shows on the next call
+        pass
 
 
 def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet], warmup: int,

@@ -98,9 +98,15 @@ def one_line(e: BaseException, typed: bool = True) -> str:
     return f"{type(e).__name__}: {lines[0]}" if typed else lines[0]
 
 
+def _matches(spec: dict[str, Any], where: list[dict[str, Any]]) -> bool:
+    """True when ``spec`` has every axis value of one of the ``where`` filters (or there are none)."""
+    return not where or any(all(k in spec and spec[k] == v for k, v in w.items()) for w in where)
+
+
 def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out_dir: Path,
-              force: bool) -> list[Job]:
-    """The jobs: each op's ``--spec`` values or declared workloads; current artifacts are skipped.
+              force: bool, where: list[dict[str, Any]] | None = None) -> list[Job]:
+    """The jobs: each op's ``--spec`` values or declared workloads (those matching a ``where``
+    filter, when given); current artifacts are skipped.
 
     ``op_names`` empty means every registered op: a broken op becomes a failed job, a disabled
     one (or one that declares nothing to tune here) a skipped job. An op named explicitly that
@@ -145,6 +151,11 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
                 continue
             if not wanted:
                 why = f"declares no workloads for {device}; pass --spec"
+                jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
+                continue
+            wanted = [w for w in wanted if isinstance(w, dict) and _matches(w, where or [])] if where else wanted
+            if not wanted:
+                why = f"no workload for {device} matches --where"
                 jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
                 continue
         seen: set[str] = set()

@@ -29,17 +29,18 @@ from .launcher import compiled_launcher
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
-# every row count, so the row buckets of one N share their compiles. N is a constexpr: the chunk
+# every row count, so the row buckets of one N share their compiles (MASK_ROWS, M % ROWS != 0, is one
+# bit of M that a binary does depend on). N is a constexpr: the chunk
 # loops then have a known trip count (unrolled, their loads in flight together) and the column mask
 # of a full tile folds away (on the H200, 3 to 8 % of bandwidth at N >= 7168).
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_kernel(
     X, W, Y, M, stride_x, eps,
-    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr, MASK_ROWS: tl.constexpr,
 ):
     # int64 row offsets: M * stride may exceed 2**31.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_mask = (rows < M)[:, None]
+    row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
     x_row = X + rows[:, None] * stride_x
     y_row = Y + rows[:, None] * N
     cols = tl.arange(0, BLOCK_N)
@@ -73,10 +74,10 @@ def _rmsnorm_kernel(
 @triton.jit(do_not_specialize=["M"])
 def _fused_add_rmsnorm_kernel(
     X, R, W, Y, M, stride_x, stride_r, eps,
-    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr, MASK_ROWS: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_mask = (rows < M)[:, None]
+    row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
     x_row = X + rows[:, None] * stride_x
     r_row = R + rows[:, None] * stride_r
     y_row = Y + rows[:, None] * N
@@ -125,6 +126,12 @@ def _check_knobs(BLOCK_N: int, ROWS: int) -> None:
         raise ValueError(f"ROWS must be a power of two, got {ROWS!r}")
 
 
+def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int) -> dict[str, int | bool]:
+    # No row mask when the programs cover M exactly (one row per program, always): with N a constexpr,
+    # a one-row whole-row tile then has no mask at all.
+    return {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N, "MASK_ROWS": M % ROWS != 0}
+
+
 def _hints(num_warps: int | None, num_stages: int | None) -> dict[str, int]:
     hints = {}
     if num_warps is not None:
@@ -155,7 +162,7 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
         return lambda x, weight, eps=eps_f: alloc(x)
     probe = torch.empty(1, dtype=x.dtype, device=x.device)  # stands in for y: fresh, so aligned like every y
     launch = compiled_launcher(_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, x_stride, eps_f),
-                               {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N},
+                               _constexprs(M, N, BLOCK_N, ROWS),
                                _hints(num_warps, num_stages), x.device)
 
     def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
@@ -178,7 +185,7 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     probe = torch.empty(1, dtype=x.dtype, device=x.device)
     launch = compiled_launcher(_fused_add_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,),
                                (x, residual, weight, probe, M, x_stride, r_stride, eps_f),
-                               {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N},
+                               _constexprs(M, N, BLOCK_N, ROWS),
                                _hints(num_warps, num_stages), x.device)
 
     def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:

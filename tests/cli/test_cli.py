@@ -292,6 +292,21 @@ def test_rerun_skips_current_artifacts_and_dry_run_says_so(cmd: Flyreg, tuned: A
     assert not (cmd.root / "fresh").exists()  # a dry run writes nothing, not even the dir
 
 
+def test_where_keeps_the_matching_workloads_only(cmd: Flyreg) -> None:
+    out = str(cmd.root / "where")
+    some, none, clash = cmd.many([
+        ["tune", "rmsnorm", "--device", "cpu", "--dry-run", "--out", out, "--where", "dtype=float32,N=1024",
+         "--where", "N=4096"],
+        ["tune", "rmsnorm", "--device", "cpu", "--dry-run", "--out", out, "--where", "dtype=int8"],
+        ["tune", "rmsnorm", "--device", "cpu", "--where", "N=1024", "--spec", SPEC]])
+    assert some.returncode == 0, some.stderr
+    specs = [spec for _, spec, _ in table_rows(some.stdout)]
+    assert specs and all(("dtype=float32" in s and "N=1024," in s) or "N=4096," in s for s in specs)
+    assert any("N=1024," in s for s in specs) and any("N=4096," in s for s in specs)
+    assert [a for _, _, a in table_rows(none.stdout)] == ["fail: no workload for cpu matches --where"]
+    assert clash.returncode == 2 and "--where filters" in clash.stderr and "Traceback" not in clash.stderr
+
+
 def test_force_retunes(cmd: Flyreg, tuned: Any) -> None:
     name = f"rmsnorm,{SPEC},device_name="
     (path,) = [p for n, p in artifacts(cmd.dirs["configs"]).items() if n.startswith(name)]
