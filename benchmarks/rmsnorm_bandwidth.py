@@ -166,10 +166,10 @@ def main() -> None:
                   + f" {vs:6.2f}x {row['copy@shape']:10.2f}  {row['source']} {row['config']}", flush=True)
             for k in [k for k in row if k.endswith("_error")]:
                 print(f"       {k}: {row[k]}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"copy_tbps": copy, "device": torch.cuda.get_device_name(), "dtype": args.dtype,
-                       "torch": torch.__version__, "rows": rows}, f, indent=1)
+            if args.json:  # after every row: an interrupted run keeps what it measured
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump({"copy_tbps": copy, "device": torch.cuda.get_device_name(), "dtype": args.dtype,
+                               "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
