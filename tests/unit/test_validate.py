@@ -163,7 +163,7 @@ def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: P
     from flyreg_rmsnorm.ops import SPEC_AXES
 
     assert sorted(data["spec"]) == sorted(SPEC_AXES)
-    problems = check_artifacts([tmp_path], {"rmsnorm": "1"}, accepts=flyreg.registry.accepts)
+    problems = check_artifacts([tmp_path], {"rmsnorm": "2"}, accepts=flyreg.registry.accepts)
     assert [p.severity for p in problems] in ([], ["stale"]), problems
     shipped = Path(__file__).resolve().parents[2] / "offline_configs" / name
     if shipped.is_file():  # the example is the shipped H200 artifact of that spec
