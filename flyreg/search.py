@@ -102,14 +102,8 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     failed: list[tuple[Config, str]] = []
     rejected: list[tuple[Config, str]] = []
     bound = bind_all(tuner, cands, spec, args, kwargs)
-    first = next((b for b in bound.values() if isinstance(b, Launcher)), None)
     checked: list[tuple[Config, Launcher]] = []
     try:
-        if first is not None and device is not None:
-            try:
-                warm_device(lambda: first.raw(args, kwargs), device)
-            except Exception:  # that candidate fails again, and is reported, when its turn comes
-                pass
         for config in cands:
             try:
                 launcher = bound[config]
@@ -130,6 +124,12 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                 _failed(tuner, spec, config, e, failed)
                 continue
             checked.append((config, launcher))
+        if checked and device is not None:  # right before timing: the checks may have let the clocks drop
+            first = checked[0][1]
+            try:
+                warm_device(lambda: first.raw(args, kwargs), device)
+            except Exception:  # that candidate fails again, and is reported, when its turn comes
+                pass
         timed = _time_all(tuner, spec, checked, args, kwargs, device, InPlace(restore, snapshot, zero, setup), failed)
     finally:
         setup()  # the real call that follows runs on the true inputs
