@@ -1,0 +1,174 @@
+"""RMSNorm kernel variants against torch.compile, side by side, at the shapes that decide the bars.
+
+    python benchmarks/rmsnorm_kernel_probe.py [--shapes 32768x8192 4096x12288 ...] [--tiles]
+
+For each bf16 shape it times, in steady state (``flyreg.steady``: rotating input sets in one
+CUDA graph), the plugin's kernel over whole-row tiles (rows per program x warps) and chunked rows
+(1024, 2048 or 4096 columns x warps, one stage, and 2048 x 16 warps x 3 stages), an in-shape
+``copy_``, ``torch.compile`` of ``rms_norm`` and ``flyreg.op("rmsnorm")`` as served, and prints
+each as TB/s, % of a 2 GiB copy and the ratio to torch.compile. ``--tiles`` adds two variants
+that were tried and dropped: a whole row cut into two or three power-of-two tiles (no lane masked
+off for N = 5120, 6144, 7168, 12288), and the whole row loaded with ``evict_first``.
+
+To read what inductor generated for the same shapes, run it with ``TORCHINDUCTOR_CACHE_DIR`` set
+to an empty directory: the kernels and their ``.best_config`` files land there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rmsnorm_bandwidth import copy_tbps, steady_ms  # noqa: E402
+
+EPS = 1e-6
+SHAPES = ("32768x7168", "32768x8192", "32768x12288", "4096x8192", "4096x12288", "256x8192", "256x16384",
+          "32768x5120", "4096x5120", "32768x1024", "1x1024", "32x1024", "4096x512")
+
+
+@triton.jit
+def _tile(xr, W, start: tl.constexpr, T: tl.constexpr, rm, N, EVICT: tl.constexpr):
+    c = start + tl.arange(0, T)
+    m = rm & (c < N)[None, :]
+    if EVICT:
+        x = tl.load(xr + c[None, :], mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        x = tl.load(xr + c[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    return c, m, x, w
+
+
+@triton.jit
+def _tiles_rmsnorm(X, W, Y, M, N, stride_x, eps, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                   ROWS: tl.constexpr, EVICT: tl.constexpr):
+    # The whole row in registers as up to three power-of-two tiles T0 + T1 + T2 >= N.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rm = (rows < M)[:, None]
+    xr = X + rows[:, None] * stride_x
+    yr = Y + rows[:, None] * N
+    c0, m0, x0, w0 = _tile(xr, W, 0, T0, rm, N, EVICT)
+    ss = tl.sum(x0 * x0, axis=1)
+    if T1 > 0:
+        c1, m1, x1, w1 = _tile(xr, W, T0, T1, rm, N, EVICT)
+        ss += tl.sum(x1 * x1, axis=1)
+    if T2 > 0:
+        c2, m2, x2, w2 = _tile(xr, W, T0 + T1, T2, rm, N, EVICT)
+        ss += tl.sum(x2 * x2, axis=1)
+    rstd = tl.rsqrt(ss / N + eps)[:, None]
+    tl.store(yr + c0[None, :], (x0 * rstd * w0[None, :]).to(Y.dtype.element_ty), mask=m0)
+    if T1 > 0:
+        tl.store(yr + c1[None, :], (x1 * rstd * w1[None, :]).to(Y.dtype.element_ty), mask=m1)
+    if T2 > 0:
+        tl.store(yr + c2[None, :], (x2 * rstd * w2[None, :]).to(Y.dtype.element_ty), mask=m2)
+
+
+def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
+    """Up to ``parts`` power-of-two tiles covering N: the largest that fit, the last rounded up."""
+    t = [1 << (N.bit_length() - 1)]
+    rem = N - t[0]
+    while rem > 0 and len(t) < parts:
+        f = 1 << (rem.bit_length() - 1)
+        if len(t) == parts - 1 or f == rem:
+            f = triton.next_power_of_2(rem)
+        t.append(f)
+        rem -= f
+    t += [0] * (3 - len(t))
+    return t[0], t[1], t[2]
+
+
+def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor,
+             tiles: bool) -> dict[str, Callable[[int], Callable[[], Any]]]:
+    """name -> (input set index -> call)."""
+    from flyreg_rmsnorm import triton_kernels as tk
+
+    P = triton.next_power_of_2(N)
+
+    def plugin(block: int, rows: int, warps: int, stages: int | None = None) -> Callable[[int], Callable[[], Any]]:
+        grid = (triton.cdiv(M, rows),)
+        kw = {"num_warps": warps, **({"num_stages": stages} if stages else {})}
+        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=block, ROWS=rows,
+                                                           ONE_PASS=block >= N, MASK_ROWS=M % rows != 0, **kw))
+
+    def split(t: tuple[int, int, int], rows: int, warps: int, evict: bool) -> Callable[[int], Callable[[], Any]]:
+        grid = (triton.cdiv(M, rows),)
+        return lambda i: (lambda: _tiles_rmsnorm[grid](xs[i], w, ys[i], M, N, N, EPS, T0=t[0], T1=t[1], T2=t[2],
+                                                       ROWS=rows, EVICT=evict, num_warps=warps))
+
+    out: dict[str, Callable[[int], Callable[[], Any]]] = {"copy_": lambda i: (lambda: ys[i].copy_(xs[i]))}
+    for rows in (r for r in (1, 2, 4) if r * P <= 16384 and r <= M):
+        for warps in (1, 2, 4, 8, 16):
+            if 128 * warps <= rows * P and rows * P // (32 * warps) <= 64:
+                out[f"whole R{rows} w{warps}"] = plugin(P, rows, warps)
+                if tiles:
+                    out[f"whole evict_first R{rows} w{warps}"] = split((P, 0, 0), rows, warps, True)
+    if P >= 4096:
+        for chunk in (c for c in (1024, 2048, 4096) if c < P):
+            for warps in (w for w in (4, 8, 16) if chunk // (32 * w) >= 2):
+                out[f"chunk {chunk} w{warps}"] = plugin(chunk, 1, warps, 1)
+        out["chunk 2048 w16 st3"] = plugin(2048, 1, 16, 3)
+    if tiles and P != N:
+        for t in {tiles_of(N, parts) for parts in (2, 3)}:
+            if sum(t) < P:
+                for warps in (4, 8, 16):
+                    out[f"tiles {'+'.join(str(v) for v in t if v)} w{warps}"] = split(t, 1, warps, False)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxN, bf16")
+    ap.add_argument("--tiles", action="store_true", help="also the split-row and evict_first variants")
+    args = ap.parse_args()
+    import flyreg
+
+    torch._dynamo.config.cache_size_limit = 4096
+    compiled = torch.compile(torch.nn.functional.rms_norm, dynamic=False)
+    tuner = flyreg.op("rmsnorm")
+    copy = copy_tbps(7)
+    print(f"copy 2 GiB {copy:.3f} TB/s")
+    for shape in args.shapes:
+        M, N = (int(v) for v in shape.lower().split("x"))
+        nbytes = (2 * M * N + N) * 2
+        nsets = max(1, min(64, -(-(512 << 20) // (2 * M * N * 2))))
+        xs = [torch.randn(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+        ys = [torch.empty_like(x) for x in xs]
+        w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+        ref = xs[0].double() * torch.rsqrt(xs[0].double().square().mean(-1, keepdim=True) + EPS) * w.double()
+        calls = max(50 if nbytes > (16 << 20) else 200, nsets)
+        fns = variants(M, N, xs, ys, w, args.tiles)
+        fns["compile"] = lambda i: (lambda: compiled(xs[i], (N,), w, EPS))
+        fns["flyreg"] = lambda i: (lambda: tuner(xs[i], w, EPS))
+        rows = []
+        for name, make in fns.items():
+            calls_i = [make(i) for i in range(nsets)]
+            ys[0].zero_()
+            out = calls_i[0]()
+            y = out if isinstance(out, torch.Tensor) and name in ("compile", "flyreg") else ys[0]
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            if name != "copy_" and not err < 1e-2:
+                print(f"  WRONG {name}: relative error {err:.2e}")
+                continue
+            ms = steady_ms(calls_i, calls, 7)
+            rows.append((nbytes / (ms * 1e-3) / 1e12, name, ms))
+        rows.sort(reverse=True)
+        peer = next(r[0] for r in rows if r[1] == "compile")
+        print(f"\n== M={M} N={N}: {nsets} input sets, {calls} calls a replay; served {tuner.resolve(xs[0], w, EPS).config}")
+        for i, (tbps, name, ms) in enumerate(rows):
+            if i < 12 or name in ("compile", "flyreg", "copy_"):
+                print(f"  {name:28s} {tbps:6.3f} TB/s {100 * tbps / copy:6.1f} %  {ms * 1e3:8.2f} us  "
+                      f"{tbps / peer:.3f}x compile")
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("rmsnorm_kernel_probe: needs a CUDA device; nothing measured")
+    else:
+        main()
