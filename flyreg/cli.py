@@ -53,32 +53,33 @@ def _user_errors(fn: F) -> F:
 
 
 # -- option parsing ---------------------------------------------------------------------------------
-def parse_spec(text: str) -> dict[str, Any]:
-    """``"N=4096,dtype=bfloat16"`` -> ``{"N": 4096, "dtype": "bfloat16"}`` (values read as JSON when they parse)."""
+def parse_spec(text: str, option: str = "--spec") -> dict[str, Any]:
+    """``"N=4096,dtype=bfloat16"`` -> ``{"N": 4096, "dtype": "bfloat16"}`` (values read as JSON when they parse);
+    errors name ``option``."""
     spec: dict[str, Any] = {}
     for part in text.split(","):
         name, sep, raw = part.partition("=")
         name, raw = name.strip(), raw.strip()
         if not sep or not name or not raw:
-            raise click.BadParameter(f"expected AXIS=VALUE[,AXIS=VALUE...], got {text!r}", param_hint="--spec")
+            raise click.BadParameter(f"expected AXIS=VALUE[,AXIS=VALUE...], got {text!r}", param_hint=option)
         if name in spec:
-            raise click.BadParameter(f"axis {name!r} given twice in {text!r}", param_hint="--spec")
+            raise click.BadParameter(f"axis {name!r} given twice in {text!r}", param_hint=option)
         try:
             value = json.loads(raw)
         except ValueError:
             value = raw
         if isinstance(value, (dict, list)):
-            raise click.BadParameter(f"axis {name!r} must be a scalar, got {raw!r}", param_hint="--spec")
+            raise click.BadParameter(f"axis {name!r} must be a scalar, got {raw!r}", param_hint=option)
         if isinstance(value, float) and not math.isfinite(value):  # json reads NaN and Infinity
-            raise click.BadParameter(f"axis {name!r} must be finite, got {raw!r}", param_hint="--spec")
+            raise click.BadParameter(f"axis {name!r} must be finite, got {raw!r}", param_hint=option)
         spec[name] = value
     return spec
 
 
-def _specs(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:
+def _specs(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for v in values:
-        spec = parse_spec(v)
+        spec = parse_spec(v, param.opts[0] if param.opts else "--spec")
         if spec not in out:
             out.append(spec)
     return out

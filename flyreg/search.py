@@ -12,7 +12,8 @@ import torch
 
 from ._fileio import warn_once
 from .bench import BenchResult, do_bench, warm_device
-from .steady import COPY_BUDGET, CaptureError, InputSet, bench_steady, copy_inputs, set_count, storages
+from .steady import (COPY_BUDGET, CaptureError, InputSet, bench_steady, copy_inputs, set_count, storages,
+                     viewed_bytes)
 from .compare import mismatch
 from .config import Config, JSONScalar
 from .launch import Launcher, LaunchSignatureError, arg_name
@@ -126,8 +127,9 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
             checked.append((config, launcher))
         if checked and device is not None:  # right before timing: the checks may have let the clocks drop
             first = checked[0][1]
+            ready = _with_pre_hook(setup, first.pre, args, kwargs)
             try:
-                warm_device(lambda: first.raw(args, kwargs), device)
+                warm_device(lambda: (ready(), first.raw(args, kwargs)), device)
             except Exception:  # that candidate fails again, and is reported, when its turn comes
                 pass
         timed = _time_all(tuner, spec, checked, args, kwargs, device, InPlace(restore, snapshot, zero, setup), failed)
@@ -176,7 +178,7 @@ def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple
             return _time_steady(tuner, spec, checked, args, kwargs, in_place, failed)
         except CaptureError as e:
             warn_once(f"flyreg: {tuner.name}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
-                      f"calls after an L2 flush instead", key=f"no-steady:{tuner.name}")
+                      f"calls after an L2 flush instead", key=f"no-steady:{tuner.name}:{sorted(spec.items())}")
             mode = "flushed"
     timed = []
     for config, launcher in checked:
@@ -197,10 +199,13 @@ def _time_steady(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
                  failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
     """Steady-state timing (:mod:`flyreg.steady`) on copies of the call's inputs shared by all candidates."""
     prepared = bool(in_place.restore or in_place.zero) or any(la.pre is not None for _, la in checked)
-    set_bytes = sum(b for b in storages(args, kwargs).values() if b <= COPY_BUDGET)
-    sets = [InputSet(args, kwargs, {})]
-    sets += [copy_inputs(args, kwargs) for _ in range(set_count(set_bytes, prepared) - 1)]
-    timed = []
+    copied = sum(b for b in storages(args, kwargs).values() if b <= COPY_BUDGET)
+    # An in-place tensor too large to copy would be shared by every set: each call must then be
+    # the only one between preparations, so there is one set.
+    shared = any(t.untyped_storage().nbytes() > COPY_BUDGET for t in (*in_place.restore.values(), *in_place.zero))
+    n = 1 if shared else set_count(viewed_bytes(args, kwargs), prepared, copy_bytes=copied)
+    sets = [InputSet(args, kwargs, {})] + [copy_inputs(args, kwargs) for _ in range(n - 1)]
+    timed, own_failures = [], []  # merged only when every candidate could be captured
     for config, launcher in checked:
         pre = launcher.pre
         needs = bool(in_place.restore or in_place.zero) or pre is not None
@@ -210,10 +215,12 @@ def _time_steady(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
         except CaptureError:
             raise
         except Exception as e:
-            _failed(tuner, spec, config, e, failed)
+            own_failures.append((config, e))
             continue
-        tuner.stats.benchmarks += 1
         timed.append((config, result))
+    for config, e in own_failures:
+        _failed(tuner, spec, config, e, failed)
+    tuner.stats.benchmarks += len(timed)
     return timed
 
 

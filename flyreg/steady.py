@@ -2,9 +2,10 @@
 
 A memory-bound kernel timed alone after an L2 flush is not timed as it runs in a model: zeroing a
 flush buffer leaves dirty lines that the timed call writes back, and a call on inputs still in L2
-reads faster than any call in a forward pass. Here every call of a replay gets its own copy of
-the inputs (together at least :data:`ROTATE_BYTES`, so no call finds its inputs in L2), the
-outputs stay alive over the same distance, and launch cost is out (one CUDA graph of many calls).
+reads faster than any call in a forward pass. Here the calls of a replay cycle through copies of
+the inputs (together at least :data:`ROTATE_BYTES` where :data:`MAX_SETS` copies reach it, so no
+call of a large shape finds its inputs in L2), the outputs stay alive over the same distance, and
+launch cost is out (one CUDA graph of many calls).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def _walk(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
+def viewed_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of the elements the call's tensors view, each distinct tensor once (what a call reads)."""
+    seen: dict[int, int] = {}
+
+    def note(t: torch.Tensor) -> torch.Tensor:
+        seen[id(t)] = t.numel() * t.element_size()
+        return t
+
+    _walk((args, kwargs), note)
+    return sum(seen.values())
+
+
 def storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[tuple[Any, int], int]:
     """(device, storage address) -> bytes, for each storage the call's tensors view."""
     out: dict[tuple[Any, int], int] = {}
@@ -101,16 +114,19 @@ def copy_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], budget: int = COP
     return InputSet(new_args, new_kwargs, copies)
 
 
-def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET) -> int:
+def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_bytes: int | None = None) -> int:
     """Input sets to rotate through (the call's own arguments are one of them).
 
-    Enough that together they exceed :data:`ROTATE_BYTES`; when each call needs its inputs
-    prepared (restored, zeroed, a pre-hook), as many as fit, since each set then runs once a
-    replay. At most :data:`MAX_SETS`, and never more copies than ``budget`` bytes hold.
+    Enough that the bytes the call's tensors view (``set_bytes`` a set) exceed
+    :data:`ROTATE_BYTES` together; when each call needs its inputs prepared (restored, zeroed, a
+    pre-hook), as many as fit, since each set then runs once a replay. At most :data:`MAX_SETS`,
+    and never more copies than ``budget`` bytes hold, at ``copy_bytes`` a copy (the storages
+    copied; default ``set_bytes``).
     """
-    if set_bytes <= 0:
+    copy_bytes = set_bytes if copy_bytes is None else copy_bytes
+    if set_bytes <= 0 or copy_bytes <= 0:
         return 1
-    fit = 1 + budget // set_bytes
+    fit = 1 + budget // copy_bytes
     want = MAX_SETS if prepared else math.ceil(ROTATE_BYTES / set_bytes)
     return max(1, min(want, fit, MAX_SETS))
 
@@ -153,15 +169,22 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
             alive.append(calls[i % len(calls)]())
 
     graph = torch.cuda.CUDAGraph()
+    caller = torch.cuda.current_stream()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(caller)
+    if prepare is not None:
+        prepare()
+    with torch.cuda.stream(side):
+        body()  # capture needs a run on a side stream first; its errors are the call's own
+    caller.wait_stream(side)
+    if prepare is not None:
+        prepare()
     try:
-        with torch.cuda.stream(side):
-            body()  # capture needs a run on a side stream first
-        torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph):
             body()
     except Exception as e:
+        # A failed capture leaves torch's capture stream current and its RNG mid-capture: undo both.
+        torch.cuda.set_stream(caller)
         _end_failed_capture()
         raise CaptureError(f"{type(e).__name__}: {e}") from e
     clean = torch.empty(CLEAN_BYTES // 4, dtype=torch.float32, device="cuda") if prepare is not None else None

@@ -153,18 +153,19 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
                 why = f"declares no workloads for {device}; pass --spec"
                 jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
                 continue
-            wanted = [w for w in wanted if isinstance(w, dict) and _matches(w, where or [])] if where else wanted
-            if not wanted:
-                why = f"no workload for {device} matches --where"
-                jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
-                continue
         seen: set[str] = set()
+        axes: set[str] = set()
+        matched = 0
         for raw in wanted:
             try:
                 spec = canonical_spec(raw, "workload spec")
             except (TypeError, ValueError) as e:
                 jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {one_line(e)}"))
                 continue
+            axes.update(spec)
+            if where and not _matches(spec, where):
+                continue
+            matched += 1
             if spec_text(spec) in seen:
                 continue
             seen.add(spec_text(spec))
@@ -172,6 +173,11 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             if not force:
                 job.skip = _skip_reason(name, spec, ident, out_dir, plugin.description.version)
             jobs.append(job)
+        if where and not matched and not specs:
+            unknown = sorted({k for w in where for k in w} - axes)
+            why = (f"--where names axes {unknown} that no workload has (its axes: {', '.join(sorted(axes))})"
+                   if unknown else f"no workload for {device} matches --where")
+            jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
     return jobs
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ class Autotuner:
         rep: int = 20,
         tie_band: float = 0.02,
         timing: str = "steady",
+        cuda_graph: bool | None = None,
         config_dirs: Iterable[str | os.PathLike[str]] = (),
         ordered_axes: Iterable[str] = (),
         emit: bool = False,
@@ -93,6 +95,10 @@ class Autotuner:
             raise TypeError(f"{name}: default must be a callable of the spec, got {type(default).__name__}")
         if not callable(configs) and not isinstance(configs, Sequence):
             raise TypeError(f"{name}: configs must be a list of Config or a callable of the spec")
+        if cuda_graph is not None:
+            warnings.warn(f"{name}: cuda_graph= is deprecated; use timing='graph' (or the default 'steady')",
+                          DeprecationWarning, stacklevel=2)
+            timing = "graph" if cuda_graph else "flushed"
         if timing not in TIMINGS:
             raise ValueError(f"{name}: timing must be one of {list(TIMINGS)}, got {timing!r}")
         if not 0 <= tie_band < 1:

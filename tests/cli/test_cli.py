@@ -294,16 +294,21 @@ def test_rerun_skips_current_artifacts_and_dry_run_says_so(cmd: Flyreg, tuned: A
 
 def test_where_keeps_the_matching_workloads_only(cmd: Flyreg) -> None:
     out = str(cmd.root / "where")
-    some, none, clash = cmd.many([
+    some, none, typo, bad, clash = cmd.many([
         ["tune", "rmsnorm", "--device", "cpu", "--dry-run", "--out", out, "--where", "dtype=float32,N=1024",
          "--where", "N=4096"],
         ["tune", "rmsnorm", "--device", "cpu", "--dry-run", "--out", out, "--where", "dtype=int8"],
+        ["tune", "rmsnorm", "--device", "cpu", "--dry-run", "--out", out, "--where", "dtyp=float32"],
+        ["tune", "rmsnorm", "--device", "cpu", "--dry-run", "--out", out, "--where", "dtype"],
         ["tune", "rmsnorm", "--device", "cpu", "--where", "N=1024", "--spec", SPEC]])
     assert some.returncode == 0, some.stderr
     specs = [spec for _, spec, _ in table_rows(some.stdout)]
     assert specs and all(("dtype=float32" in s and "N=1024," in s) or "N=4096," in s for s in specs)
     assert any("N=1024," in s for s in specs) and any("N=4096," in s for s in specs)
     assert [a for _, _, a in table_rows(none.stdout)] == ["fail: no workload for cpu matches --where"]
+    (action,) = [a for _, _, a in table_rows(typo.stdout)]
+    assert action.startswith("fail: --where names axes ['dtyp'] that no workload has")
+    assert bad.returncode == 2 and "--where" in bad.stderr and "--spec" not in bad.stderr
     assert clash.returncode == 2 and "--where filters" in clash.stderr and "Traceback" not in clash.stderr
 
 

@@ -71,9 +71,11 @@ def test_search_falls_back_to_flushed_timing_when_capture_fails() -> None:
 
     tuner = autotune_builder("steady_fallback_probe", build, lambda x: {"n": x.numel()},
                              [Config({"K": 1.0}), Config({"K": 2.0})])
+    before = torch.cuda.current_stream()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = tuner.tune(x, emit=False)
+    assert torch.cuda.current_stream() == before  # the failed capture did not leave its stream current
     assert any("cannot be timed in a CUDA graph" in str(w.message) for w in caught)
     assert len(report.timings) == 2 and not report.failed
     assert torch.randn(4, device="cuda").isfinite().all()  # the failed capture left torch's RNG usable

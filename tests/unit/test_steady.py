@@ -81,6 +81,20 @@ def test_set_count_bounds(set_bytes: int, prepared: bool, budget: int) -> None:
         assert n == 1 + budget // set_bytes  # short of what it wants only for want of budget
 
 
+def test_set_count_rotates_by_bytes_viewed_and_fits_the_copies_in_the_budget() -> None:
+    mb = 1 << 20
+    # a 4 MiB slice of a 900 MiB storage: rotated as 4 MiB a set, but only one copy fits 1 GiB
+    assert steady.set_count(4 * mb, prepared=False, copy_bytes=900 * mb) == 2
+    assert steady.set_count(4 * mb, prepared=False, copy_bytes=4 * mb) == steady.ROTATE_BYTES // (4 * mb)
+
+
+def test_viewed_bytes_counts_elements_not_storages() -> None:
+    base = torch.randn(1000, 64)
+    x = base[:10]
+    assert steady.viewed_bytes((x, x, [base[10:20]]), {"w": torch.randn(8, dtype=torch.float64)}) == \
+        10 * 64 * 4 * 2 + 8 * 8
+
+
 def test_set_count_rotates_past_the_l2() -> None:
     mb = 1 << 20
     assert steady.set_count(8 * mb, prepared=False) == steady.ROTATE_BYTES // (8 * mb)
@@ -117,3 +131,19 @@ def test_in_place_prepare_restores_zeroes_and_hooks_one_set() -> None:
     assert torch.equal(s.args[1], snapshot["r"]) and not s.args[2].any()
     assert seen == [s.args[0]]
     assert torch.equal(acc, acc_before)  # the call's own tensors are untouched
+
+
+def _tuner(**kw: object) -> object:
+    from flyreg import Config, autotune_builder
+
+    return autotune_builder("steady_opts_probe", lambda config, spec: (lambda x: x), lambda x: {"n": 1},
+                            [Config({"K": 1})], **kw)
+
+
+def test_timing_is_checked_and_cuda_graph_is_a_deprecated_alias() -> None:
+    assert _tuner().timing == "steady"
+    assert _tuner(timing="flushed").timing == "flushed"
+    with pytest.raises(ValueError, match="timing must be one of"):
+        _tuner(timing="fast")
+    with pytest.warns(DeprecationWarning, match="cuda_graph= is deprecated"):
+        assert _tuner(cuda_graph=True).timing == "graph"
