@@ -26,6 +26,11 @@ from .results import CallKey, GraphCaptureError, Resolution, TuneError, TuneRepo
 __all__ = ["Autotuner", "GraphCaptureError", "Resolution", "TuneError", "TuneReport", "autotune_forced", "capturing"]
 
 
+#: Most call signatures a tuner keeps bound launchers for; a new one past it replaces the oldest
+#: (which, called again, is bound again from its remembered resolution, without a search).
+MAX_BOUND = 4096
+
+
 def autotune_forced() -> bool:
     """True when ``FLYREG_AUTOTUNE`` asks for a fresh search of every new key."""
     return os.environ.get("FLYREG_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
@@ -140,7 +145,10 @@ class Autotuner:
         except TypeError:  # an argument that is unhashable even structurally (a dict): resolve, never remember
             return self._launcher(args, kwargs).call(args, kwargs)
         if launcher is None:
-            launcher = self._bound[key] = self._launcher(args, kwargs)
+            launcher = self._launcher(args, kwargs)
+            if len(self._bound) >= MAX_BOUND:  # calls with ever-new scalars (an eps per call): drop the oldest
+                del self._bound[next(iter(self._bound))]
+            self._bound[key] = launcher
         return launcher.call(args, kwargs)
 
     def _fast_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

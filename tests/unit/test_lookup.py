@@ -251,6 +251,23 @@ def test_equal_scalars_of_other_types_are_other_keys(flags: tuple[Any, ...]) -> 
     assert [s["flag"] for s in built_for[::3]] == list(flags) and len(tuner._bound) == 6
 
 
+def test_ever_new_scalars_keep_the_bound_table_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flyreg import tuner as tuner_mod
+
+    monkeypatch.setattr(tuner_mod, "MAX_BOUND", 8)
+    tuner, built_for = _list_op("bounded")
+    x = torch.randn(16, 8)
+    for i in range(30):  # a new scalar value on every call: a new key each time
+        out = torch.empty_like(x)
+        assert torch.equal(tuner(x, out, float(i)), x * 2)
+        assert len(tuner._bound) <= 8
+    assert len(tuner._bound) == 8
+    first = tuner._fast_key((x, torch.empty_like(x), 0.0), {})
+    assert first not in tuner._bound  # the oldest went first
+    assert torch.equal(tuner(x, torch.empty_like(x), 0.0), x * 2)  # and is bound again when called again
+    assert tuner.stats.searches == 0
+
+
 def test_unhashable_arguments_are_resolved_but_not_remembered() -> None:
     def specialize(x: torch.Tensor, out: torch.Tensor, opts: dict[str, Any]) -> dict[str, Any]:
         return {"n": int(x.shape[0]), "scale": opts["scale"]}
