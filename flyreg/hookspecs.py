@@ -158,7 +158,9 @@ def describe() -> Mapping[str, Any]:
     ``restore_value`` and ``reset_to_zero`` (argument names of tensors the kernel updates in
     place), ``ordered_axes`` (spec axes for nearest lookup), ``config_dir`` (a directory of
     shipped artifacts), ``key_env`` (environment variables whose values invalidate cached
-    configs), ``arg_names`` (names of the positional arguments). Any other key is an error.
+    configs), ``arg_names`` (names of the positional arguments), ``timing`` (how a search on a GPU
+    times candidates: ``"steady"``, the default, ``"flushed"`` for kernels that cannot be
+    captured in a CUDA graph, or ``"graph"``). Any other key is an error.
 
     Called once, when the op is loaded.
 

@@ -12,11 +12,12 @@ import attrs
 import pluggy
 
 from . import hookspecs
+from .bench import TIMINGS
 from .config import Config, JSONScalar
 
 #: The keys ``describe()`` may return.
 DESCRIBE_KEYS = frozenset({"description", "version", "structural", "restore_value", "reset_to_zero",
-                           "ordered_axes", "config_dir", "key_env", "arg_names"})
+                           "ordered_axes", "config_dir", "key_env", "arg_names", "timing"})
 
 
 class PluginError(Exception):
@@ -36,6 +37,7 @@ class OpDescription:
     config_dir: Path | None = None
     key_env: tuple[str, ...] = ()
     arg_names: tuple[str, ...] | None = None
+    timing: str = "steady"
 
     @classmethod
     def of(cls, raw: Mapping[str, Any] | None) -> OpDescription:
@@ -68,6 +70,9 @@ class OpDescription:
         config_dir = raw.get("config_dir")
         if config_dir is not None and not isinstance(config_dir, (str, os.PathLike)):
             raise PluginError(f"describe()['config_dir'] must be a path, got {config_dir!r}")
+        timing = raw.get("timing", "steady")
+        if timing not in TIMINGS:
+            raise PluginError(f"describe()['timing'] must be one of {list(TIMINGS)}, got {timing!r}")
         arg_names = names("arg_names")
         restore_value = names("restore_value") or ()
         reset_to_zero = names("reset_to_zero") or ()
@@ -91,6 +96,7 @@ class OpDescription:
             config_dir=Path(config_dir) if config_dir is not None else None,
             key_env=names("key_env") or (),
             arg_names=arg_names,
+            timing=timing,
         )
 
 

@@ -233,6 +233,7 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
         arg_names=d.arg_names or (), restore_value=d.restore_value, reset_to_zero=d.reset_to_zero,
         reference=plugin.reference if plugin.implements("reference") else None, key_env=d.key_env,
         version=d.version, config_dirs=[d.config_dir] if d.config_dir else [], ordered_axes=d.ordered_axes,
+        timing=d.timing,
     )
     return tuner
 

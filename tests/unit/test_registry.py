@@ -287,6 +287,12 @@ class BadDescribeTypes(RowScale):
         return {"structural": "ROWS"}
 
 
+class BadDescribeTiming(RowScale):
+    @hookimpl
+    def describe(self) -> dict[str, Any]:
+        return {"timing": "fastest"}
+
+
 class DescribeRaises(RowScale):
     @hookimpl
     def describe(self) -> dict[str, Any]:
@@ -300,6 +306,7 @@ BROKEN = [
     (UnknownHook, r"unknown hook 'buidl'"),
     (BadDescribeKeys, r"unknown keys \['structual'\]"),
     (BadDescribeTypes, r"describe\(\)\['structural'\] must be a list of names"),
+    (BadDescribeTiming, r"describe\(\)\['timing'\] must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
 ]
 
 
@@ -570,13 +577,14 @@ def test_describe_keys_reach_the_tuner(empty_registry: Registry, tmp_path: Path,
         def describe(self) -> dict[str, Any]:
             return {"description": "all keys", "version": 5, "structural": ["ROWS"], "restore_value": ["x"],
                     "reset_to_zero": ["out"], "ordered_axes": ["M"], "config_dir": shipped,
-                    "key_env": ["FLYREG_TEST_KNOB"], "arg_names": ["x", "s", "out"]}
+                    "key_env": ["FLYREG_TEST_KNOB"], "arg_names": ["x", "s", "out"], "timing": "flushed"}
 
     assert set(Described().describe()) == DESCRIBE_KEYS
     flyreg.register(Described(), name="described")
     tuner = flyreg.op("described")
     assert (tuner.version, tuner.structural, tuner.arg_names) == ("5", ("ROWS",), ("x", "s", "out"))
     assert (tuner.restore_value, tuner.reset_to_zero, tuner.key_env) == (("x",), ("out",), ("FLYREG_TEST_KNOB",))
+    assert tuner.timing == "flushed"
     assert shipped in tuner.offline.dirs()
     res = flyreg.resolve_spec("described", spec)
     assert (res.source, res.config, res.stale) == ("offline", Config({"ROWS": 256}), False)
