@@ -12,8 +12,8 @@ import torch
 
 from ._fileio import warn_once
 from .bench import BenchResult, do_bench, warm_device
-from .steady import (COPY_BUDGET, CaptureError, InputSet, bench_steady, copy_inputs, set_count, storages,
-                     viewed_bytes)
+from .steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, set_count,
+                     storages, viewed_bytes)
 from .compare import mismatch
 from .config import Config, JSONScalar
 from .launch import Launcher, LaunchSignatureError, arg_name
@@ -175,7 +175,7 @@ def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple
     mode = tuner.timing if _is_cuda(device) else "cpu"
     if mode == "steady":
         try:
-            return _time_steady(tuner, spec, checked, args, kwargs, in_place, failed)
+            return _time_steady(tuner, spec, checked, args, kwargs, device, in_place, failed)
         except CaptureError as e:
             warn_once(f"flyreg: {tuner.name}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
                       f"calls after an L2 flush instead", key=f"no-steady:{tuner.name}:{sorted(spec.items())}")
@@ -195,16 +195,22 @@ def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple
 
 
 def _time_steady(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
-                 args: tuple[Any, ...], kwargs: dict[str, Any], in_place: InPlace,
+                 args: tuple[Any, ...], kwargs: dict[str, Any], device: Any, in_place: InPlace,
                  failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
     """Steady-state timing (:mod:`flyreg.steady`) on copies of the call's inputs shared by all candidates."""
     prepared = bool(in_place.restore or in_place.zero) or any(la.pre is not None for _, la in checked)
-    copied = sum(b for b in storages(args, kwargs).values() if b <= COPY_BUDGET)
+    budget = copy_budget(free_bytes(device))
+    copied = sum(b for b in storages(args, kwargs).values() if b <= budget)
     # An in-place tensor too large to copy would be shared by every set: each call must then be
     # the only one between preparations, so there is one set.
-    shared = any(t.untyped_storage().nbytes() > COPY_BUDGET for t in (*in_place.restore.values(), *in_place.zero))
-    n = 1 if shared else set_count(viewed_bytes(args, kwargs), prepared, copy_bytes=copied)
-    sets = [InputSet(args, kwargs, {})] + [copy_inputs(args, kwargs) for _ in range(n - 1)]
+    shared = any(t.untyped_storage().nbytes() > budget for t in (*in_place.restore.values(), *in_place.zero))
+    n = 1 if shared else set_count(viewed_bytes(args, kwargs), prepared, budget, copied)
+    sets = [InputSet(args, kwargs, {})]
+    try:
+        for _ in range(n - 1):
+            sets.append(copy_inputs(args, kwargs, budget))
+    except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
+        torch.cuda.empty_cache()
     timed, own_failures = [], []  # merged only when every candidate could be captured
     for config, launcher in checked:
         pre = launcher.pre

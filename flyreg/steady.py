@@ -36,6 +36,19 @@ CLEAN_BYTES = 256 * 1024 * 1024
 Args = tuple[tuple[Any, ...], dict[str, Any]]
 
 
+def copy_budget(free_bytes: int) -> int:
+    """Bytes of input copies a search may take when ``free_bytes`` of device memory are free:
+    :data:`COPY_BUDGET`, or a quarter of what is free if that is less (a search on a serving
+    GPU must not take the memory its model runs in)."""
+    return min(COPY_BUDGET, max(0, free_bytes) // 4)
+
+
+def free_bytes(device: Any) -> int:
+    """Device memory free to this process: the driver's free memory plus torch's cached, unused blocks."""
+    dev = torch.device(device)
+    return torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+
+
 class CaptureError(RuntimeError):
     """The call runs eagerly but cannot be captured in a CUDA graph (it synchronizes, say)."""
 

@@ -64,6 +64,14 @@ def test_a_storage_over_the_budget_is_shared() -> None:
     assert s[big] is big
 
 
+def test_copy_budget_leaves_a_serving_gpu_its_memory() -> None:
+    gib = 1 << 30
+    assert steady.copy_budget(100 * gib) == steady.COPY_BUDGET
+    assert steady.copy_budget(2 * gib) == gib // 2  # a quarter of what is free
+    assert steady.copy_budget(0) == 0 and steady.copy_budget(-5) == 0
+    assert steady.set_count(8 << 20, prepared=False, budget=steady.copy_budget(0)) == 1  # no room: no copies
+
+
 def test_storages_counts_each_storage_once() -> None:
     buf = torch.randn(4, 8)
     w = torch.randn(8, dtype=torch.float64)
