@@ -79,3 +79,14 @@ def test_search_falls_back_to_flushed_timing_when_capture_fails() -> None:
     assert any("cannot be timed in a CUDA graph" in str(w.message) for w in caught)
     assert len(report.timings) == 2 and not report.failed
     assert torch.randn(4, device="cuda").isfinite().all()  # the failed capture left torch's RNG usable
+
+
+def test_free_bytes_counts_torchs_cached_blocks() -> None:
+    total = torch.cuda.get_device_properties(0).total_memory
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    before = steady.free_bytes("cuda")
+    del block  # back to torch's cache, not to the driver: still free for a search's copies
+    after = steady.free_bytes("cuda")
+    assert 0 < before < after <= total
+    assert after - before >= 256 << 20
+    assert steady.copy_budget(after) <= steady.COPY_BUDGET
