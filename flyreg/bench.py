@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-#: Bytes zeroed between reps to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
+#: Bytes zeroed between reps (read, in steady-state timing) to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
 #: per ``do_bench`` call and dropped when it returns: torch's caching allocator keeps it reserved
 #: for reuse (``torch.cuda.empty_cache()`` returns it), and a process that never searches takes none.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -44,6 +44,11 @@ class BenchResult:
         return (self.p80 - self.p20) / self.median if self.median > 0 else 0.0
 
 
+def device_kind(device: Any) -> str:
+    """``"cuda"``, ``"cpu"``, ...: the type of a ``torch.device`` or of a device string (``"cuda:1"``)."""
+    return getattr(device, "type", None) or str(device).partition(":")[0]
+
+
 def check_counts(warmup: object, rep: object) -> None:
     """Raise ValueError unless ``warmup`` is an int >= 0 and ``rep`` an int >= 1 (bools are not counts)."""
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
@@ -72,8 +77,7 @@ def do_bench(
     check_counts(warmup, rep)
     if not callable(fn) or (setup is not None and not callable(setup)):
         raise TypeError("do_bench: fn (and setup, when given) must be callables of no arguments")
-    kind = getattr(device, "type", None) or str(device).partition(":")[0]
-    if kind != "cuda":
+    if device_kind(device) != "cuda":
         return _bench_cpu(fn, warmup, rep, setup)
     import torch
 
@@ -94,8 +98,7 @@ WARM_SECONDS = 0.05
 def warm_device(fn: Callable[[], Any], device: Any, seconds: float = WARM_SECONDS) -> int:
     """Call ``fn()`` back to back for ``seconds`` of wall time on a CUDA ``device`` so its clocks are
     up before timing starts; returns the number of calls (0 off CUDA, where nothing runs)."""
-    kind = getattr(device, "type", None) or str(device).partition(":")[0]
-    if kind != "cuda":
+    if device_kind(device) != "cuda":
         return 0
     import torch
 
@@ -162,9 +165,11 @@ def _bench_graph(torch: Any, fn: Callable[[], Any], warmup: int, rep: int,
         for _ in range(inner):
             setup()  # type: ignore[misc]
 
-    graphs = [_capture(torch, body)]
+    from .steady import capture
+
+    graphs = [capture(body)]
     if setup is not None:
-        graphs.append(_capture(torch, setup_only))
+        graphs.append(capture(setup_only))
     per_graph = []
     for g in graphs:
         for _ in range(warmup):
@@ -183,15 +188,3 @@ def _bench_graph(torch: Any, fn: Callable[[], Any], warmup: int, rep: int,
         overhead = statistics.median(per_graph[1])
         times = [max(t - overhead, 0.0) for t in times]
     return BenchResult.of(times)
-
-
-def _capture(torch: Any, body: Callable[[], None]) -> Any:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()  # warm up on a side stream, as capture requires
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return graph

@@ -11,7 +11,7 @@ import attrs
 import torch
 
 from ._fileio import warn_once
-from .bench import BenchResult, do_bench, warm_device
+from .bench import BenchResult, device_kind, do_bench, warm_device
 from .steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, set_count,
                      storages, viewed_bytes)
 from .compare import mismatch
@@ -86,18 +86,12 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
         raise TuneError(f"{tuner.name}: no candidate configs for spec {spec}")
     restore = _tensors(tuner, tuner.restore_value, named, "restore_value")
     zeroed = _tensors(tuner, tuner.reset_to_zero, named, "reset_to_zero")
-    zero = list(zeroed.values())
     snapshot = {n: t.clone() for n, t in restore.items()}
-
-    def setup() -> None:
-        for n, t in restore.items():
-            t.copy_(snapshot[n])
-        for t in zero:
-            t.zero_()
-
+    in_place = InPlace(restore, snapshot, list(zeroed.values()))
+    own = InputSet(args, kwargs, {})  # the call's own arguments, as an input set of their own
     ref = None
     expected: dict[str, torch.Tensor] = {}  # in-place tensor -> the state the reference left it in
-    in_place = {**restore, **zeroed}
+    written = {**restore, **zeroed}
     if tuner._reference is not None:
         ref, expected = _run_reference(tuner, args, kwargs, snapshot, zeroed)
     failed: list[tuple[Config, str]] = []
@@ -111,10 +105,10 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                 if isinstance(launcher, Exception):
                     raise launcher
                 if ref is not None:
-                    _with_pre_hook(setup, launcher.pre, args, kwargs)()
+                    in_place.prepare(own, launcher.pre)
                     why = mismatch(launcher.raw(args, kwargs), ref)
                     for n, want in expected.items():
-                        why = why or mismatch(in_place[n], want, f"in-place argument {n!r}")
+                        why = why or mismatch(written[n], want, f"in-place argument {n!r}")
                     if why:
                         rejected.append((config, why))
                         warn_once(f"flyreg: {tuner.name}: config {config} rejected on spec {spec}: wrong result ({why})")
@@ -127,14 +121,13 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
             checked.append((config, launcher))
         if checked and device is not None:  # right before timing: the checks may have let the clocks drop
             first = checked[0][1]
-            ready = _with_pre_hook(setup, first.pre, args, kwargs)
             try:
-                warm_device(lambda: (ready(), first.raw(args, kwargs)), device)
+                warm_device(lambda: (in_place.prepare(own, first.pre), first.raw(args, kwargs)), device)
             except Exception:  # that candidate fails again, and is reported, when its turn comes
                 pass
-        timed = _time_all(tuner, spec, checked, args, kwargs, device, InPlace(restore, snapshot, zero, setup), failed)
+        timed = _time_all(tuner, spec, checked, own, device, in_place, failed)
     finally:
-        setup()  # the real call that follows runs on the true inputs
+        in_place.prepare(own, None)  # the real call that follows runs on the true inputs
     if not timed:
         lines = [f"  {c}: {why}" for c, why in (*failed, *rejected)]
         raise TuneError(f"{tuner.name}: every config failed on spec {spec}:\n" + "\n".join(lines))
@@ -145,16 +138,19 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
 
 @attrs.frozen
 class InPlace:
-    """The call's in-place tensors: ``restore`` (name -> tensor) with their ``snapshot``, the ``zero``
-    ones, and ``setup``, which restores and zeroes the call's own."""
+    """The call's in-place tensors: ``restore`` (name -> tensor) with their ``snapshot``, and the
+    ``zero`` ones."""
 
     restore: dict[str, torch.Tensor]
     snapshot: dict[str, torch.Tensor]
     zero: list[torch.Tensor]
-    setup: Callable[[], None]
+
+    def __bool__(self) -> bool:
+        return bool(self.restore or self.zero)
 
     def prepare(self, s: InputSet, pre: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None) -> None:
-        """Ready input set ``s`` for one call: restore, zero, then the config's pre-hook."""
+        """Ready input set ``s`` (the call's own, or a copy) for one call: restore, zero, then the
+        config's pre-hook."""
         for n, t in self.restore.items():
             s[t].copy_(self.snapshot[n])
         for t in self.zero:
@@ -163,19 +159,15 @@ class InPlace:
             pre(s.args, s.kwargs)
 
 
-def _is_cuda(device: Any) -> bool:
-    return device is not None and (getattr(device, "type", None) or str(device).partition(":")[0]) == "cuda"
-
-
 def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
-              args: tuple[Any, ...], kwargs: dict[str, Any], device: Any, in_place: InPlace,
+              own: InputSet, device: Any, in_place: InPlace,
               failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
     """Time each checked candidate the tuner's way. When steady-state timing cannot capture a
     candidate in a CUDA graph, every candidate is timed as single calls after an L2 flush instead."""
-    mode = tuner.timing if _is_cuda(device) else "cpu"
+    mode = tuner.timing if device is not None and device_kind(device) == "cuda" else "cpu"
     if mode == "steady":
         try:
-            return _time_steady(tuner, spec, checked, args, kwargs, device, in_place, failed)
+            return _time_steady(tuner, spec, checked, own, device, in_place, failed)
         except CaptureError as e:
             warn_once(f"flyreg: {tuner.name}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
                       f"calls after an L2 flush instead", key=f"no-steady:{tuner.name}:{sorted(spec.items())}")
@@ -183,8 +175,8 @@ def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple
     timed = []
     for config, launcher in checked:
         try:
-            result = do_bench(lambda: launcher.raw(args, kwargs), tuner.warmup, tuner.rep,
-                              setup=_with_pre_hook(in_place.setup, launcher.pre, args, kwargs),
+            result = do_bench(lambda: launcher.raw(own.args, own.kwargs), tuner.warmup, tuner.rep,
+                              setup=lambda: in_place.prepare(own, launcher.pre),
                               device=device if mode != "cpu" else "cpu", cuda_graph=mode == "graph")
         except Exception as e:  # a failing candidate is skipped, never fatal
             _failed(tuner, spec, config, e, failed)
@@ -195,17 +187,18 @@ def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple
 
 
 def _time_steady(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
-                 args: tuple[Any, ...], kwargs: dict[str, Any], device: Any, in_place: InPlace,
+                 own: InputSet, device: Any, in_place: InPlace,
                  failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
     """Steady-state timing (:mod:`flyreg.steady`) on copies of the call's inputs shared by all candidates."""
-    prepared = bool(in_place.restore or in_place.zero) or any(la.pre is not None for _, la in checked)
+    args, kwargs = own.args, own.kwargs
+    prepared = bool(in_place) or any(la.pre is not None for _, la in checked)
     budget = copy_budget(free_bytes(device))
     copied = sum(b for b in storages(args, kwargs).values() if b <= budget)
     # An in-place tensor too large to copy would be shared by every set: each call must then be
     # the only one between preparations, so there is one set.
     shared = any(t.untyped_storage().nbytes() > budget for t in (*in_place.restore.values(), *in_place.zero))
     n = 1 if shared else set_count(viewed_bytes(args, kwargs), prepared, budget, copied)
-    sets = [InputSet(args, kwargs, {})]
+    sets = [own]
     try:
         for _ in range(n - 1):
             sets.append(copy_inputs(args, kwargs, budget))
@@ -214,10 +207,9 @@ def _time_steady(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
     timed, own_failures = [], []  # merged only when every candidate could be captured
     for config, launcher in checked:
         pre = launcher.pre
-        needs = bool(in_place.restore or in_place.zero) or pre is not None
         try:
             result = bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep,
-                                  (lambda s, pre=pre: in_place.prepare(s, pre)) if needs else None)
+                                  (lambda s, pre=pre: in_place.prepare(s, pre)) if in_place or pre else None)
         except CaptureError:
             raise
         except Exception as e:
@@ -302,16 +294,3 @@ def _run_reference(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, An
     ref = _detach(tuner._reference(ref_args, ref_kwargs))  # it may return a copy it updated in place
     changed = {n: c for n, c in copies.items() if not torch.equal(c, before[n])}
     return ref, changed
-
-
-def _with_pre_hook(setup: Callable[[], None], pre: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None,
-                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], None]:
-    """``setup`` followed by the config's ``pre_hook`` on the call's arguments, when it has one."""
-    if pre is None:
-        return setup
-
-    def prepare() -> None:
-        setup()
-        pre(args, kwargs)
-
-    return prepare

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import torch
 
-from .bench import BenchResult
+from .bench import L2_FLUSH_BYTES, BenchResult
 
 #: Bytes of inputs (and of outputs) a replay cycles through before reusing any: twice the H200's
 #: 60 MiB L2, so a reused buffer has left it.
@@ -30,10 +30,6 @@ COPY_BUDGET = 1024 * 1024 * 1024
 #: Device time a replay lasts at least (when calls are short), and most calls it holds.
 TARGET_MS = 0.25
 MAX_CALLS = 256
-#: Bytes read between preparing inputs and a timed replay, so the L2 holds no dirty line of theirs.
-CLEAN_BYTES = 256 * 1024 * 1024
-
-Args = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 def copy_budget(free_bytes: int) -> int:
@@ -76,29 +72,27 @@ def _walk(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
-def viewed_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """Bytes of the elements the call's tensors view, each distinct tensor once (what a call reads)."""
-    seen: dict[int, int] = {}
+def _distinct_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` (tuples, lists and dicts looked into), each object once."""
+    seen: dict[int, torch.Tensor] = {}
 
     def note(t: torch.Tensor) -> torch.Tensor:
-        seen[id(t)] = t.numel() * t.element_size()
+        seen[id(t)] = t
         return t
 
-    _walk((args, kwargs), note)
-    return sum(seen.values())
+    _walk(value, note)
+    return list(seen.values())
+
+
+def viewed_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of the elements the call's tensors view, each distinct tensor once (what a call reads)."""
+    return sum(t.numel() * t.element_size() for t in _distinct_tensors((args, kwargs)))
 
 
 def storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[tuple[Any, int], int]:
     """(device, storage address) -> bytes, for each storage the call's tensors view."""
-    out: dict[tuple[Any, int], int] = {}
-
-    def note(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        out[(t.device, s.data_ptr())] = s.nbytes()
-        return t
-
-    _walk((args, kwargs), note)
-    return out
+    return {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+            for t in _distinct_tensors((args, kwargs))}
 
 
 def copy_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], budget: int = COPY_BUDGET) -> InputSet:
@@ -154,15 +148,8 @@ def calls_per_replay(sets: int, call_ms: float, prepared: bool) -> int:
 
 
 def _out_bytes(value: Any) -> int:
-    total = 0
-
-    def add(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.untyped_storage().nbytes()
-        return t
-
-    _walk(value, add)
-    return total
+    """Bytes of the storages a call's return value holds."""
+    return sum(t.untyped_storage().nbytes() for t in _distinct_tensors(value))
 
 
 def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
@@ -171,7 +158,7 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
 
     Each call's return value stays alive until :data:`ROTATE_BYTES` of later outputs were allocated
     (``out_bytes`` each), so outputs rotate like inputs. ``prepare()``, when given, runs before each
-    timed replay, outside it, followed by a read of :data:`CLEAN_BYTES`; otherwise replays run back
+    timed replay, outside it, followed by a read of ``L2_FLUSH_BYTES``; otherwise replays run back
     to back. Raises :class:`CaptureError` when capture fails.
     """
     keep = max(1, math.ceil(ROTATE_BYTES / out_bytes)) if out_bytes > 0 else count
@@ -181,32 +168,12 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
         for i in range(count):
             alive.append(calls[i % len(calls)]())
 
-    graph = torch.cuda.CUDAGraph()
-    caller = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(caller)
-    if prepare is not None:
-        prepare()
-    with torch.cuda.stream(side):
-        body()  # capture needs a run on a side stream first; its errors are the call's own
-    caller.wait_stream(side)
-    if prepare is not None:
-        prepare()
-    try:
-        with torch.cuda.graph(graph):
-            body()
-    except Exception as e:
-        # A failed capture leaves torch's capture stream current and its RNG mid-capture: undo both.
-        torch.cuda.set_stream(caller)
-        _end_failed_capture()
-        raise CaptureError(f"{type(e).__name__}: {e}") from e
-    clean = torch.empty(CLEAN_BYTES // 4, dtype=torch.float32, device="cuda") if prepare is not None else None
+    graph = capture(body, prepare)
+    clean = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda") if prepare is not None else None
     sink = torch.empty((), dtype=torch.float32, device="cuda") if clean is not None else None
-    if clean is not None:
-        clean.fill_(1.0)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(warmup + rep)]
-    for i, (start, end) in enumerate(events):
+    for start, end in events:
         if prepare is not None:
             prepare()
             torch.sum(clean, 0, out=sink)
@@ -214,24 +181,43 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    times = [s.elapsed_time(e) / count for s, e in events[warmup:]]
-    del graph
-    return times
+    return [s.elapsed_time(e) / count for s, e in events[warmup:]]
 
 
-def _end_failed_capture() -> None:
-    """Leave torch's CUDA state as a successful capture would: a capture that raised never ran the
-    random generators' capture epilogue, and every later random op would then fail. A trivial
-    capture runs it."""
+def capture(body: Callable[[], Any], prepare: Callable[[], None] | None = None) -> torch.cuda.CUDAGraph:
+    """``body()`` captured as a CUDA graph, after one run on a side stream (as capture requires; its
+    errors are the body's own). ``prepare()``, when given, runs before that run and before capture.
+
+    Raises :class:`CaptureError` when capture fails, leaving torch as a successful capture would:
+    the caller's stream current again, and the random generators out of capture mode (a failed
+    capture never runs their epilogue, and every later random op would fail; a trivial capture runs
+    it).
+    """
+    caller = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(caller)
+    if prepare is not None:
+        prepare()
+    with torch.cuda.stream(side):
+        body()
+    caller.wait_stream(side)
+    if prepare is not None:
+        prepare()
+    graph = torch.cuda.CUDAGraph()
     try:
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        scratch = torch.zeros(1, device="cuda")
         with torch.cuda.graph(graph):
-            scratch.add_(1.0)
-        del graph
-    except Exception:  # the search falls back either way; a broken context shows on the next call
-        pass
+            body()
+    except Exception as e:
+        torch.cuda.set_stream(caller)
+        try:
+            torch.cuda.synchronize()
+            scratch = torch.zeros(1, device="cuda")
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                scratch.add_(1.0)
+        except Exception:  # the caller falls back either way; a broken context shows on its next call
+            pass
+        raise CaptureError(f"{type(e).__name__}: {e}") from e
+    return graph
 
 
 def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet], warmup: int,
@@ -240,18 +226,15 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
 
     ``prepare(set)`` readies one set for a call (restores or zeroes its in-place tensors, runs a
     pre-hook); with it, each set runs once a replay and every set is prepared before each replay.
-    The first call runs eagerly (its errors are the config's); a capture failure raises
+    Two calls run eagerly first, the second timed to size the replay; their errors (and those of
+    the side-stream run before capture) are the config's; a capture failure raises
     :class:`CaptureError`.
     """
-    def one(s: InputSet) -> Callable[[], Any]:
-        return lambda: call(s.args, s.kwargs)
-
-    for s in sets:
-        if prepare is not None:
-            prepare(s)
-        out = call(s.args, s.kwargs)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     first = sets[0]
+    if prepare is not None:
+        prepare(first)
+    call(first.args, first.kwargs)  # warm: the timed call below measures the call, not a first use
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if prepare is not None:
         prepare(first)
     start.record()
@@ -264,8 +247,8 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
         for s in sets:
             prepare(s)  # type: ignore[misc]
 
-    times = replay_ms([one(s) for s in sets], count, warmup, rep, prepare_all if prepare is not None else None,
-                      _out_bytes(out))
+    calls = [lambda s=s: call(s.args, s.kwargs) for s in sets]
+    times = replay_ms(calls, count, warmup, rep, prepare_all if prepare is not None else None, _out_bytes(out))
     return BenchResult.of(times)
 
 

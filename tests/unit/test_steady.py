@@ -133,7 +133,7 @@ def test_in_place_prepare_restores_zeroes_and_hooks_one_set() -> None:
     acc_before = acc.clone()
     s = steady.copy_inputs((x, r, acc), {})
     seen = []
-    in_place = InPlace({"r": r}, snapshot, [acc], lambda: None)
+    in_place = InPlace({"r": r}, snapshot, [acc])
     s.args[1].add_(5.0)
     in_place.prepare(s, lambda args, kwargs: seen.append(args[0]))
     assert torch.equal(s.args[1], snapshot["r"]) and not s.args[2].any()
