@@ -109,15 +109,27 @@ def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[tor
     return fns
 
 
-def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int) -> dict[str, Any]:
-    nsets = max(1, min(64, -(-(512 << 20) // (2 * M * N * torch.finfo(dtype).bits // 8))))
+def reference(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """RMSNorm in float64, the check every measured implementation passes first."""
+    return x.double() * torch.rsqrt(x.double().square().mean(-1, keepdim=True) + eps) * w.double()
+
+
+def rotating_inputs(M: int, N: int, dtype: torch.dtype, min_sets: int = 1
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """``(xs, ys, w)``: enough M x N input sets (with an output each) that x and y together span
+    512 MB, so no call finds its x in L2 (at most 64, at least ``min_sets``), and a weight in [0.5, 1.5)."""
+    nsets = max(min_sets, min(64, -(-(512 << 20) // (2 * M * N * torch.finfo(dtype).bits // 8))))
     xs = [torch.randn(M, N, device="cuda", dtype=dtype) for _ in range(nsets)]
-    ys = [torch.empty_like(x) for x in xs]
-    w = torch.rand(N, device="cuda", dtype=dtype) + 0.5
+    return xs, [torch.empty_like(x) for x in xs], torch.rand(N, device="cuda", dtype=dtype) + 0.5
+
+
+def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int) -> dict[str, Any]:
+    xs, ys, w = rotating_inputs(M, N, dtype)
+    nsets = len(xs)
     nbytes = (2 * M * N + N) * xs[0].element_size()
     res = flyreg.resolve("rmsnorm", xs[0], w, EPS)
     row: dict[str, Any] = {"M": M, "N": N, "sets": nsets, "config": repr(res.config), "source": res.origin}
-    ref = xs[0].double() * torch.rsqrt(xs[0].double().square().mean(-1, keepdim=True) + EPS) * w.double()
+    ref = reference(xs[0], w)
     calls = max(inner if nbytes > (16 << 20) else 4 * inner, nsets)  # short calls: more of them per replay
     row["copy@shape"] = nbytes / (steady_ms([lambda i=i: ys[i].copy_(xs[i]) for i in range(nsets)], calls, reps)
                                   * 1e-3) / 1e12

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import copy_tbps, steady_ms  # noqa: E402
+from rmsnorm_bandwidth import copy_tbps, reference, rotating_inputs, steady_ms  # noqa: E402
 
 EPS = 1e-6
 SHAPES = ("32768x7168", "32768x8192", "32768x12288", "4096x8192", "4096x12288", "256x8192", "256x16384",
@@ -137,11 +137,9 @@ def main() -> None:
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
         nbytes = (2 * M * N + N) * 2
-        nsets = max(1, min(64, -(-(512 << 20) // (2 * M * N * 2))))
-        xs = [torch.randn(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        ys = [torch.empty_like(x) for x in xs]
-        w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
-        ref = xs[0].double() * torch.rsqrt(xs[0].double().square().mean(-1, keepdim=True) + EPS) * w.double()
+        xs, ys, w = rotating_inputs(M, N, torch.bfloat16)
+        nsets = len(xs)
+        ref = reference(xs[0], w)
         calls = max(50 if nbytes > (16 << 20) else 200, nsets)
         fns = variants(M, N, xs, ys, w, args.tiles)
         fns["compile"] = lambda i: (lambda: compiled(xs[i], (N,), w, EPS))

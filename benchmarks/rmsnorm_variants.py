@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from rmsnorm_bandwidth import steady_ms  # this script's folder is on sys.path when it runs
+from rmsnorm_bandwidth import reference, rotating_inputs, steady_ms  # this script's folder is on sys.path
 
 EPS = 1e-6
 SHAPES = [(32768, 1024), (32768, 4096), (32768, 8192), (4096, 1024), (4096, 4096), (4096, 8192), (4096, 16384),
@@ -135,11 +135,9 @@ def timing() -> None:
     del src, dst
     for M, N in SHAPES:
         nbytes = (2 * M * N + N) * 2
-        nsets = min(64, max(2, -(-(512 << 20) // (2 * M * N * 2))))
-        xs = [torch.randn(M, N, device=dev, dtype=torch.bfloat16) for _ in range(nsets)]
-        ys = [torch.empty_like(x) for x in xs]
-        w = torch.rand(N, device=dev, dtype=torch.bfloat16) + 0.5
-        ref = xs[0].double() * torch.rsqrt(xs[0].double().square().mean(-1, keepdim=True) + EPS) * w.double()
+        xs, ys, w = rotating_inputs(M, N, torch.bfloat16, min_sets=2)
+        nsets = len(xs)
+        ref = reference(xs[0], w)
         rows = []
         for name, make in _variants(M, N, xs, ys, w, sms).items():
             try:
@@ -205,7 +203,7 @@ def launch() -> None:
         "two launch-hook knob reads": lambda: (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook),
         "torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (N,), w, EPS),
     }
-    ref = x.double() * torch.rsqrt(x.double().square().mean(-1, keepdim=True) + EPS) * w.double()
+    ref = reference(x, w)
     y.zero_()
     c_launch(y)
     torch.cuda.synchronize()

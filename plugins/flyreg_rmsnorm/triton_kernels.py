@@ -29,10 +29,10 @@ from .launcher import compiled_launcher
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
-# every row count, so the row buckets of one N share their compiles (MASK_ROWS, M % ROWS != 0, is one
-# bit of M that a binary does depend on). N is a constexpr: the chunk
-# loops then have a known trip count (unrolled, their loads in flight together) and the column mask
-# of a full tile folds away (on the H200, 3 to 8 % of bandwidth at N >= 7168).
+# every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) is
+# the one bit of M a binary depends on. N is a constexpr: the chunk loops then have a known trip
+# count (unrolled, their loads in flight together) and a full tile's column mask folds away (on
+# the H200, up to 8 % of bandwidth for chunked rows at N >= 8192).
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_kernel(
     X, W, Y, M, stride_x, eps,
