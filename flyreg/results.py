@@ -74,7 +74,8 @@ class CallKey:
 
 @attrs.define
 class TunerStats:
-    """Counters for tests and reports: searches run and configs benchmarked."""
+    """Counters for tests and reports: searches run, configs benchmarked, and finalists timed again."""
 
     searches: int = 0
     benchmarks: int = 0
+    retimed: int = 0

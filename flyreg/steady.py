@@ -138,12 +138,14 @@ def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_by
     return max(1, min(want, fit, MAX_SETS))
 
 
-def calls_per_replay(sets: int, call_ms: float, prepared: bool) -> int:
-    """Calls in one replay: each set once when calls are prepared; else enough for :data:`TARGET_MS`
-    of device time, a multiple of ``sets`` (at most :data:`MAX_CALLS`, at least ``sets``)."""
+def calls_per_replay(sets: int, call_ms: float, prepared: bool, scale: int = 1) -> int:
+    """Calls in one replay: each set once when calls are prepared; else enough for ``scale`` times
+    :data:`TARGET_MS` of device time, a multiple of ``sets`` (at most ``scale`` times
+    :data:`MAX_CALLS`, at least ``sets``)."""
     if prepared:
         return sets
-    want = min(MAX_CALLS, math.ceil(TARGET_MS / call_ms)) if call_ms > 0 else MAX_CALLS
+    most = MAX_CALLS * scale
+    want = min(most, math.ceil(TARGET_MS * scale / call_ms)) if call_ms > 0 else most
     return max(sets, sets * math.ceil(want / sets))
 
 
@@ -221,8 +223,11 @@ def capture(body: Callable[[], Any], prepare: Callable[[], None] | None = None) 
 
 
 def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet], warmup: int,
-                 rep: int, prepare: Callable[[InputSet], None] | None = None) -> BenchResult:
+                 rep: int, prepare: Callable[[InputSet], None] | None = None, scale: int = 1) -> BenchResult:
     """Steady-state time of ``call(args, kwargs)`` over ``sets`` (see the module docstring).
+
+    ``scale`` multiplies the measured work: the calls of a replay (:func:`calls_per_replay`) or,
+    when each set runs once a replay, the timed replays.
 
     ``prepare(set)`` readies one set for a call (restores or zeroes its in-place tensors, runs a
     pre-hook); with it, each set runs once a replay and every set is prepared before each replay.
@@ -241,14 +246,15 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
     out = call(first.args, first.kwargs)
     end.record()
     end.synchronize()
-    count = calls_per_replay(len(sets), start.elapsed_time(end), prepare is not None)
+    count = calls_per_replay(len(sets), start.elapsed_time(end), prepare is not None, scale)
 
     def prepare_all() -> None:
         for s in sets:
             prepare(s)  # type: ignore[misc]
 
     calls = [lambda s=s: call(s.args, s.kwargs) for s in sets]
-    times = replay_ms(calls, count, warmup, rep, prepare_all if prepare is not None else None, _out_bytes(out))
+    reps = rep * scale if prepare is not None else rep
+    times = replay_ms(calls, count, warmup, reps, prepare_all if prepare is not None else None, _out_bytes(out))
     return BenchResult.of(times)
 
 

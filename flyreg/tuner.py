@@ -83,7 +83,7 @@ class Autotuner:
         version: str = "0",
         warmup: int = 5,
         rep: int = 20,
-        tie_band: float = 0.02,
+        tie_band: float = 0.005,
         timing: str = "steady",
         cuda_graph: bool | None = None,
         config_dirs: Iterable[str | os.PathLike[str]] = (),

@@ -20,6 +20,15 @@ from flyreg.builder import BuildCache
 FAST = {"warmup": 1, "rep": 3}
 
 
+def launches_per_search(tuner: Any) -> int:
+    """Launches the searches of ``tuner`` made (with FAST counts): every candidate's reps, then the
+    final round's longer ones."""
+    from flyreg.search import FINAL_SCALE
+
+    warmup, rep = FAST["warmup"], FAST["rep"]
+    return tuner.stats.benchmarks * (warmup + rep) + tuner.stats.retimed * (warmup + rep * FINAL_SCALE)
+
+
 def chunked_double(x: torch.Tensor, out: torch.Tensor, chunk: int) -> torch.Tensor:
     """``out = 2 * x``, ``chunk`` rows at a time."""
     for i in range(0, x.shape[0], chunk):

@@ -18,13 +18,9 @@ from flyreg.builder import BuildCache
 from flyreg.keys import DeviceIdentity, identity_of
 from flyreg.offline import emit_artifact, load_artifact
 
-from cpu_kernels import FAST, double_op, inputs
+from cpu_kernels import FAST, double_op, inputs, launches_per_search
 
 DEFAULT = Config({"CHUNK": 1})
-
-
-def launches_per_search(tuner: Any) -> int:
-    return tuner.stats.benchmarks * (FAST["warmup"] + FAST["rep"])
 
 
 def test_default_skips_the_search() -> None:

@@ -127,6 +127,16 @@ def test_calls_per_replay(sets: int, call_ms: float, prepared: bool, want: int) 
     assert n == want and n % sets == 0
 
 
+@pytest.mark.parametrize(("sets", "call_ms", "prepared", "want"), [
+    (4, 0.0001, False, 8 * steady.MAX_CALLS),  # the cap scales too
+    (4, 0.001, False, 2000),  # 2 ms of calls
+    (4, 0.05, False, 40),
+    (7, 0.001, True, 7),  # prepared: still each set once (the reps scale instead)
+])
+def test_calls_per_replay_scaled(sets: int, call_ms: float, prepared: bool, want: int) -> None:
+    assert steady.calls_per_replay(sets, call_ms, prepared, scale=8) == want
+
+
 def test_in_place_prepare_restores_zeroes_and_hooks_one_set() -> None:
     r, acc, x = torch.randn(4), torch.randn(4), torch.randn(4)
     snapshot = {"r": r.clone()}

@@ -1,0 +1,73 @@
+"""Does a search rank RMSNorm configs as the bandwidth benchmark does? Its regret, shape by shape.
+
+    python benchmarks/search_agreement.py [--shapes 4096x3584 4096x7168 ...] [--searches 2] [--target-ms 0.25]
+
+For each bf16 shape it runs ``--searches`` forced searches of ``rmsnorm`` (the tuner as
+configured: steady timing, its tie band), then times every candidate the way
+``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs, 50 calls a replay, median of
+``--reps`` replays). It prints each candidate's search time(s) and benchmark time, and the
+regret of each search: the benchmark time of the config it picked over the best benchmark time.
+``--target-ms`` sets the search's device time per replay (``flyreg.steady.TARGET_MS``);
+``--tie-band`` the tuner's tie band.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rmsnorm_bandwidth import EPS, rotating_inputs, steady_ms  # noqa: E402
+
+SHAPES = ("4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxN, bf16")
+    ap.add_argument("--searches", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--target-ms", type=float, default=None)
+    ap.add_argument("--tie-band", type=float, default=None)
+    args = ap.parse_args()
+    import flyreg
+    from flyreg import steady
+    from flyreg.registry import REGISTRY
+
+    if args.target_ms is not None:
+        steady.TARGET_MS = args.target_ms
+    plugin = REGISTRY.plugin("rmsnorm")
+    for shape in args.shapes:
+        M, N = (int(v) for v in shape.lower().split("x"))
+        xs, ys, w = rotating_inputs(M, N, torch.bfloat16)
+        tuner = flyreg.op("rmsnorm")
+        if args.tie_band is not None:
+            tuner.tie_band = args.tie_band
+        reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
+        spec = plugin.specialize((xs[0], w), {})
+        default = plugin.default(spec)
+        bench: dict[object, float] = {}
+        for config, _ in reports[0].timings:
+            bound = plugin.build(config, spec).bind((xs[0], w), {"eps": EPS, **config.hints})
+            bench[config] = steady_ms([lambda x=x, b=bound: b(x, w, EPS) for x in xs], max(50, len(xs)), args.reps)
+        best = min(bench.values())
+        searched = [{c: r.median for c, r in rep.timings} for rep in reports]
+        print(f"\n== M={M} N={N}: {len(bench)} candidates, {len(xs)} benchmark sets")
+        print(f"  {'config':58s} {'bench us':>8s} " + " ".join(f"{'search' + str(i):>8s}" for i in range(len(reports))))
+        for c in sorted(bench, key=bench.get):
+            marks = "".join("*" if rep.winner == c else " " for rep in reports) + ("d" if c == default else " ")
+            print(f"  {str(c):58s} {bench[c] * 1e3:8.2f} " + " ".join(f"{s[c] * 1e3:8.2f}" for s in searched)
+                  + f"  {marks}")
+        for i, rep in enumerate(reports):
+            print(f"  search {i}: picked {rep.winner}, regret {bench[rep.winner] / best:.4f}; "
+                  f"default regret {bench[default] / best:.4f}")
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("search_agreement: needs a CUDA device; nothing measured")
+    else:
+        main()
