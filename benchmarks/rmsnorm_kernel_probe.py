@@ -70,24 +70,6 @@ def _tiles_rmsnorm(X, W, Y, M, N, stride_x, eps, T0: tl.constexpr, T1: tl.conste
         tl.store(yr + c2[None, :], (x2 * rstd * w2[None, :]).to(Y.dtype.element_ty), mask=m2)
 
 
-#: Streaming multiprocessors of the current device (set in main).
-SMS = 132
-
-
-@triton.jit
-def _persistent_rmsnorm(X, W, Y, M, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    # A fixed grid; each program loads the weight once, then strides over row tiles.
-    cols = tl.arange(0, BLOCK_N)
-    cm = cols < N
-    w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
-    for t in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = t * ROWS + tl.arange(0, ROWS)
-        m = (rows < M)[:, None] & cm[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        tl.store(Y + rows[:, None] * N + cols[None, :], (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m)
-
-
 def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
     """Up to ``parts`` power-of-two tiles covering N: the largest that fit, the last rounded up."""
     t = [1 << (N.bit_length() - 1)]
@@ -103,24 +85,17 @@ def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
 
 
 def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor,
-             tiles: bool, new: bool) -> dict[str, Callable[[int], Callable[[], Any]]]:
+             tiles: bool) -> dict[str, Callable[[int], Callable[[], Any]]]:
     """name -> (input set index -> call)."""
     from flyreg_rmsnorm import triton_kernels as tk
 
     P = triton.next_power_of_2(N)
 
-    def plugin(block: int, rows: int, warps: int, stages: int | None = None,
-               off64: bool | None = None) -> Callable[[int], Callable[[], Any]]:
+    def plugin(block: int, rows: int, warps: int, stages: int | None = None) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
-        kw = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **tk._constexprs(M, N, block, rows, N)}
-        if off64 is not None:
-            kw["OFF64"] = off64
-        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, **kw))
-
-    def persistent(rows: int, warps: int, per_sm: int, stages: int) -> Callable[[int], Callable[[], Any]]:
-        grid = (min(triton.cdiv(M, rows), per_sm * SMS),)
-        return lambda i: (lambda: _persistent_rmsnorm[grid](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=P, ROWS=rows,
-                                                            num_warps=warps, num_stages=stages))
+        kw = {"num_warps": warps, **({"num_stages": stages} if stages else {})}
+        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=block, ROWS=rows,
+                                                           ONE_PASS=block >= N, MASK_ROWS=M % rows != 0, **kw))
 
     def split(t: tuple[int, int, int], rows: int, warps: int, evict: bool) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
@@ -132,10 +107,6 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
         for warps in (1, 2, 4, 8, 16):
             if 128 * warps <= rows * P and rows * P // (32 * warps) <= 64:
                 out[f"whole R{rows} w{warps}"] = plugin(P, rows, warps)
-                if new:
-                    out[f"whole R{rows} w{warps} i64"] = plugin(P, rows, warps, off64=True)
-                    for per_sm, stages in ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2)):
-                        out[f"persist {per_sm}/SM st{stages} R{rows} w{warps}"] = persistent(rows, warps, per_sm, stages)
                 if tiles:
                     out[f"whole evict_first R{rows} w{warps}"] = split((P, 0, 0), rows, warps, True)
     if P >= 4096:
@@ -155,12 +126,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxN, bf16")
     ap.add_argument("--tiles", action="store_true", help="also the split-row and evict_first variants")
-    ap.add_argument("--new", action="store_true", help="also int64 row offsets and persistent whole-row programs")
     args = ap.parse_args()
     import flyreg
 
-    global SMS
-    SMS = torch.cuda.get_device_properties(0).multi_processor_count
     torch._dynamo.config.cache_size_limit = 4096
     compiled = torch.compile(torch.nn.functional.rms_norm, dynamic=False)
     tuner = flyreg.op("rmsnorm")
@@ -173,7 +141,7 @@ def main() -> None:
         nsets = len(xs)
         ref = reference(xs[0], w)
         calls = max(50 if nbytes > (16 << 20) else 200, nsets)
-        fns = variants(M, N, xs, ys, w, args.tiles, args.new)
+        fns = variants(M, N, xs, ys, w, args.tiles)
         fns["compile"] = lambda i: (lambda: compiled(xs[i], (N,), w, EPS))
         fns["flyreg"] = lambda i: (lambda: tuner(xs[i], w, EPS))
         rows = []
