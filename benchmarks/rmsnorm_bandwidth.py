@@ -1,5 +1,7 @@
 """RMSNorm bandwidth on a GPU: flyreg (as served) vs its default vs torch eager, torch.compile and Liger.
 
+``no_pdl`` is the served config launched as a plain kernel: on Hopper the plugin launches its
+kernels as programmatic dependents, which lets one call start while the call before it drains.
 Bytes per call: x read + y written + weight read. Every number comes from this run, side by
 side, as a fraction of the device-to-device copy bandwidth measured in the same run.
 
@@ -94,9 +96,13 @@ def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[tor
     default = plugin.default(spec)
     default_bound = plugin.build(default, spec).bind((x, w), {"eps": EPS, **default.hints})
     tuner = flyreg.op("rmsnorm")
+    served = tuner.resolve(x, w, EPS).config
+    # The served config launched as a plain (not programmatic-dependent) kernel: what PDL adds.
+    no_pdl = plugin.build(served, spec).bind((x, w), {"eps": EPS, **served.hints, "pdl": False})
     n = x.shape[-1]
     fns: dict[str, Callable[[torch.Tensor], Any]] = {
         "flyreg": lambda x: tuner(x, w, EPS),
+        "no_pdl": lambda x: no_pdl(x, w, EPS),
         "default": lambda x: default_bound(x, w, EPS),
         "torch": lambda x: torch.nn.functional.rms_norm(x, (n,), w, EPS),
     }
@@ -161,7 +167,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     copy = copy_tbps(args.reps)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, copy {copy:.2f} TB/s, {args.dtype}")
-    print(f"{'M':>6} {'N':>6} {'flyreg':>7} {'%copy':>6} {'default':>7} {'tuned/def':>9} "
+    print(f"{'M':>6} {'N':>6} {'flyreg':>7} {'%copy':>6} {'no_pdl':>7} {'default':>7} {'tuned/def':>9} "
           + " ".join(f"{p:>7}" for p in PEERS) + f" {'vs best':>7} {'copy@shape':>10}  source config")
     rows = []
     for M in args.M:
@@ -173,7 +179,7 @@ def main() -> None:
             vs = min(fly / p for p in peers) if peers and fly else float("nan")
             tuned_vs_default = fly / row["default"] if fly and row.get("default") else float("nan")
             cell = lambda k: f"{row[k]:7.2f}" if row.get(k) else f"{'-':>7}"  # noqa: E731
-            print(f"{M:>6} {N:>6} {cell('flyreg')} {100 * (fly or 0) / copy:5.1f}% {cell('default')} "
+            print(f"{M:>6} {N:>6} {cell('flyreg')} {100 * (fly or 0) / copy:5.1f}% {cell('no_pdl')} {cell('default')} "
                   f"{tuned_vs_default:8.2f}x " + " ".join(cell(p) for p in PEERS)
                   + f" {vs:6.2f}x {row['copy@shape']:10.2f}  {row['source']} {row['config']}", flush=True)
             for k in [k for k in row if k.endswith("_error")]:

@@ -62,8 +62,12 @@ def main() -> None:
             print(f"  {str(c):58s} {bench[c] * 1e3:8.2f} " + " ".join(f"{s[c] * 1e3:8.2f}" for s in searched)
                   + f"  {marks}")
         for i, rep in enumerate(reports):
+            res = dict(rep.timings)
+            fastest = min(res, key=lambda c: res[c].median)
             print(f"  search {i}: picked {rep.winner}, regret {bench[rep.winner] / best:.4f}; "
-                  f"default regret {bench[default] / best:.4f}")
+                  f"default regret {bench[default] / best:.4f}; fastest {fastest} p20-p80 "
+                  f"{res[fastest].p20 * 1e3:.2f}-{res[fastest].p80 * 1e3:.2f} us, default "
+                  f"{res[default].p20 * 1e3:.2f}-{res[default].p80 * 1e3:.2f} us")
 
 
 if __name__ == "__main__":

@@ -11,13 +11,16 @@ Knobs (constexpr):
 All math is in float32 and rounded once at the end: ``y = (x * rstd) * float(weight)``,
 stored in x's dtype. ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in
 float32, rounded to residual's dtype) into ``residual`` and normalizes that stored,
-rounded value. The chunked path's first pass loads with ``evict_last`` so that its second pass
+rounded value. On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
+dependents (``launch_pdl``, see :func:`pdl_supported`): a launch may start while the kernel before
+it drains, and waits for that kernel's writes (``gdc_wait``) before its first load. The chunked path's first pass loads with ``evict_last`` so that its second pass
 finds the row in L2 (without the hint it missed L2 once many rows were in flight, and ran about
 1.5x slower than a whole row on the H200).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -26,6 +29,33 @@ import triton.language as tl
 
 from .checks import check_eps, check_fused_add, check_rmsnorm
 from .launcher import compiled_launcher
+
+try:  # grid dependency control: Triton 3.3 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - an older Triton launches without it
+    gdc_launch_dependents = gdc_wait = None
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch as programmatic dependents: a CUDA device of compute
+    capability 9.0 or later, a compiled (not interpreted) Triton that has ``launch_pdl``."""
+    if device.type != "cuda" or gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover - no NVIDIA backend
+        return False
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return "launch_pdl" in fields and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def _dependent_start(PDL: tl.constexpr):
+    # A programmatic dependent waits for the kernel before it (its writes visible), then lets the
+    # next launch start as soon as every program of this one has started.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
@@ -37,7 +67,9 @@ from .launcher import compiled_launcher
 def _rmsnorm_kernel(
     X, W, Y, M, stride_x, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr, MASK_ROWS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _dependent_start(PDL)
     # int64 row offsets: M * stride may exceed 2**31.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
@@ -75,7 +107,9 @@ def _rmsnorm_kernel(
 def _fused_add_rmsnorm_kernel(
     X, R, W, Y, M, stride_x, stride_r, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr, MASK_ROWS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _dependent_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
     x_row = X + rows[:, None] * stride_x
@@ -126,14 +160,15 @@ def _check_knobs(BLOCK_N: int, ROWS: int) -> None:
         raise ValueError(f"ROWS must be a power of two, got {ROWS!r}")
 
 
-def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int) -> dict[str, int | bool]:
+def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int, pdl: bool = False) -> dict[str, int | bool]:
     # No row mask when the programs cover M exactly (one row per program, always): with N a constexpr,
     # a one-row whole-row tile then has no mask at all.
-    return {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N, "MASK_ROWS": M % ROWS != 0}
+    return {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N, "MASK_ROWS": M % ROWS != 0,
+            "PDL": pdl}
 
 
-def _hints(num_warps: int | None, num_stages: int | None) -> dict[str, int]:
-    hints = {}
+def _hints(num_warps: int | None, num_stages: int | None, pdl: bool = False) -> dict[str, int | bool]:
+    hints: dict[str, int | bool] = {"launch_pdl": True} if pdl else {}
     if num_warps is not None:
         hints["num_warps"] = num_warps
     if num_stages is not None:
@@ -150,20 +185,23 @@ def _output_alloc(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BLOCK_N: int, ROWS: int,
-                 num_warps: int | None = None, num_stages: int | None = None) -> Callable[..., torch.Tensor]:
+                 num_warps: int | None = None, num_stages: int | None = None,
+                 pdl: bool | None = None) -> Callable[..., torch.Tensor]:
     """:func:`rmsnorm_triton` specialized to calls like this one (same dtypes, shapes, strides,
     devices and eps): the checks, the launch arithmetic and the compile run here, once, not on
     every call. The returned launcher takes ``(x, weight, eps)``; another ``eps`` than the bound
-    one is checked on that call."""
+    one is checked on that call. ``pdl`` launches as a programmatic dependent (default: where
+    :func:`pdl_supported`)."""
     M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
+    pdl = pdl_supported(x.device) if pdl is None else pdl
     alloc = _output_alloc(x)
     if M == 0:  # no rows: nothing to launch
         return lambda x, weight, eps=eps_f: alloc(x)
     probe = torch.empty(1, dtype=x.dtype, device=x.device)  # stands in for y: fresh, so aligned like every y
     launch = compiled_launcher(_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, x_stride, eps_f),
-                               _constexprs(M, N, BLOCK_N, ROWS),
-                               _hints(num_warps, num_stages), x.device)
+                               _constexprs(M, N, BLOCK_N, ROWS, pdl),
+                               _hints(num_warps, num_stages, pdl), x.device)
 
     def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
@@ -175,18 +213,19 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
 
 def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
                            BLOCK_N: int, ROWS: int, num_warps: int | None = None,
-                           num_stages: int | None = None) -> Callable[..., torch.Tensor]:
+                           num_stages: int | None = None, pdl: bool | None = None) -> Callable[..., torch.Tensor]:
     """:func:`fused_add_rmsnorm_triton` specialized to calls like this one, checked and compiled once."""
     M, N, x_stride, r_stride, eps_f = check_fused_add(x, residual, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
+    pdl = pdl_supported(x.device) if pdl is None else pdl
     alloc = _output_alloc(x)
     if M == 0:
         return lambda x, residual, weight, eps=eps_f: alloc(x)
     probe = torch.empty(1, dtype=x.dtype, device=x.device)
     launch = compiled_launcher(_fused_add_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,),
                                (x, residual, weight, probe, M, x_stride, r_stride, eps_f),
-                               _constexprs(M, N, BLOCK_N, ROWS),
-                               _hints(num_warps, num_stages), x.device)
+                               _constexprs(M, N, BLOCK_N, ROWS, pdl),
+                               _hints(num_warps, num_stages, pdl), x.device)
 
     def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)

@@ -496,3 +496,54 @@ def test_gpu_int64_row_offsets() -> None:
     config = Config({"BLOCK_N": 64, "ROWS": 2}, num_warps=1)
     check_rmsnorm(backend, config, x, w)
     check_fused(backend, config, x, r, w)
+
+
+@needs_triton
+def test_no_dependent_launch_off_hopper_or_interpreted() -> None:
+    assert triton_kernels is not None
+    assert not triton_kernels.pdl_supported(torch.device("cpu"))
+    if INTERPRET and HAS_CUDA:
+        assert not triton_kernels.pdl_supported(torch.device("cuda"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize(("M", "N", "config"), [
+    (4096, 1024, Config({"BLOCK_N": 1024, "ROWS": 2}, num_warps=4)),
+    (2048, 7168, Config({"BLOCK_N": 2048, "ROWS": 1}, num_warps=8, num_stages=1)),
+])
+def test_gpu_dependent_launches_read_what_the_kernel_before_wrote(pdl: bool, M: int, N: int, config: Config) -> None:
+    """A chain in one CUDA graph, each kernel reading the one before's output (residual and y):
+    with dependent launches every kernel still sees all of the previous one's writes."""
+    assert triton_kernels is not None
+    if pdl and not triton_kernels.pdl_supported(torch.device("cuda")):
+        pytest.skip("no programmatic dependent launch on this GPU")
+    tk, kw = triton_kernels, {**config.kwargs, **config.hints, "pdl": pdl}
+    x, r = randn((M, N), torch.bfloat16, 81, "cuda"), randn((M, N), torch.bfloat16, 82, "cuda")
+    w = (torch.rand(N, device="cuda") + 0.5).to(torch.bfloat16)
+    norm = tk.bind_rmsnorm(x, w, **kw)
+    fused = tk.bind_fused_add_rmsnorm(x, r, w, **kw)
+    steps = 6
+
+    def chain() -> torch.Tensor:
+        y = x
+        for _ in range(steps):
+            y = norm(fused(y, r, w), w)  # r += y; y = rmsnorm(rmsnorm(r))
+        return y
+
+    r0 = r.clone()
+    chain()  # compile and warm
+    r.copy_(r0)
+    want_r, want_y = r0.cpu().double(), x.cpu()
+    for _ in range(steps):  # the same chain in float64, rounding where the kernels store
+        want_r = (want_r + want_y.double()).to(torch.bfloat16).double()
+        want_y = ref_rmsnorm(ref_rmsnorm(want_r, w, 1e-6).to(torch.bfloat16), w, 1e-6).to(torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    r.copy_(r0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(r, want_r) <= TOL[torch.bfloat16]
+    assert rel_err(out, want_y.double()) <= 2 * TOL[torch.bfloat16]
