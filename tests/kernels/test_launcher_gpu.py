@@ -41,7 +41,8 @@ def test_bound_launch_equals_the_generic_launch_bitwise(M: int, N: int, rows: in
         y = bound(x, w)
         want = torch.full_like(x, float("nan"))
         tk._rmsnorm_kernel[((M + rows - 1) // rows,)](x, w, want, M, N, EPS, N=N, BLOCK_N=block, ROWS=rows,
-                                                      ONE_PASS=block >= N, MASK_ROWS=M % rows != 0, num_warps=warps)
+                                                      ONE_PASS=block >= N, MASK_ROWS=M % rows != 0, PDL=False,
+                                                      num_warps=warps)
         assert torch.equal(y, want)
         assert rel_err(y, reference(x, w)) < 1e-2
 
