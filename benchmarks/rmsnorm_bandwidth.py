@@ -16,7 +16,7 @@ implementation alike. The copy reference is a 2 GiB ``copy_`` timed with events 
 calls (see :func:`copy_tbps`); ``copy@shape`` is ``y.copy_(x)`` at the call's own shape, in graphs
 (so it reads low from 512 MB up, like the graph-captured 2 GiB copy).
 
-    python benchmarks/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--json out.json]
+    python benchmarks/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--repeat K] [--json out.json]
 """
 
 from __future__ import annotations
@@ -155,6 +155,17 @@ def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int) -> 
     return row
 
 
+def merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated measurements of a shape: the median of each number (None where any
+    repeat failed), the rest from the first; ``repeats`` counts them."""
+    out = dict(rows[0], repeats=len(rows))
+    for k, v in rows[0].items():
+        if isinstance(v, float) or v is None and k in PEERS:
+            vals = [r.get(k) for r in rows]
+            out[k] = statistics.median(vals) if all(isinstance(x, float) for x in vals) else None
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--M", type=int, nargs="+", default=list(GRID_M))
@@ -162,6 +173,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--inner", type=int, default=50, help="calls per CUDA graph")
     ap.add_argument("--reps", type=int, default=7, help="graph replays; the median is reported")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each shape this many times (fresh inputs each) and report the medians")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -172,7 +185,7 @@ def main() -> None:
     rows = []
     for M in args.M:
         for N in args.N:
-            row = measure_shape(M, N, dtype, args.inner, args.reps)
+            row = merged([measure_shape(M, N, dtype, args.inner, args.reps) for _ in range(args.repeat)])
             rows.append(row)
             peers = [row[p] for p in PEERS if row.get(p)]
             fly = row.get("flyreg")

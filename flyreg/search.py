@@ -160,9 +160,9 @@ class InPlace:
 
 
 #: The final round: candidates within FINAL_BAND of the fastest (at most FINALISTS of them, and the
-#: default) are timed again over FINAL_SCALE times the work, and ranked by that. On the H200 the first
-#: round's short replays mis-ranked configs up to 1.2 % apart (RMSNorm, 4096 x 7168); the final one
-#: picked a config within 0.1 % of the best a 50-call benchmark found, on every shape tried.
+#: default) are timed again over FINAL_SCALE times the work, and ranked by that. On the H200 short
+#: replays alone mis-ranked RMSNorm configs up to 1.2 % apart (4096 x 7168); replays of the final
+#: round's length picked within 0.1 % of the best a 50-call benchmark found, on every shape tried.
 FINAL_BAND = 0.03
 FINALISTS = 6
 FINAL_SCALE = 8

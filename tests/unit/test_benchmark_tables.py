@@ -1,0 +1,43 @@
+"""The benchmark helpers that turn measurements into the docs' table and bar checks (no GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bandwidth_table  # noqa: E402
+from rmsnorm_bandwidth import merged  # noqa: E402
+
+
+def _row(M: int, N: int, flyreg: float, default: float, compile_: float | None) -> dict[str, Any]:
+    return {"M": M, "N": N, "flyreg": flyreg, "flyreg_us": 1.0 / flyreg, "no_pdl": flyreg * 0.9,
+            "default": default, "torch": 1.0, "torch_us": 1.0, "compile": compile_,
+            "compile_us": 1.0 / compile_ if compile_ else None, "liger": None, "config": "Config(BLOCK_N=1)"}
+
+
+def test_bars_name_the_losses_and_the_defaults_beaten() -> None:
+    data = {"copy_tbps": 4.0, "rows": [
+        _row(32768, 1024, 3.9, 3.9, 3.8),  # 97.5 % of copy
+        _row(32768, 2048, 3.7, 3.0, 3.8),  # 92.5 %, slower than compile, default 19 % off
+        _row(4096, 4096, 3.5, 3.5, None),  # compile missing: torch is the only peer
+        _row(256, 512, 1.0, 1.0, 1.2),  # the default is 17 % behind compile, and so is the tuned config
+    ]}
+    lines = bandwidth_table.bars(data)
+    assert lines[0].startswith("- M = 32768, N >= 1024 at >= 95 % of copy: 1 of 2 (92.5 to 97.5 %)")
+    assert lines[1].startswith("- M = 4096, N >= 4096 at >= 85 % of copy: 1 of 1")
+    assert "2 of 4; slower on 32768 x 2048: 0.9737x compile" in lines[2] and "256 x 512: 0.8333x compile" in lines[2]
+    assert lines[3].endswith("2 shapes; tuned faster on 1")
+    assert lines[4].endswith("none")
+    table = bandwidth_table.table(data)
+    assert len(table) == 2 + 4 and table[3].count("|") == 14 and "| - |" in table[4]
+
+
+def test_repeats_merge_to_medians() -> None:
+    rows = [{"M": 1, "flyreg": v, "torch": t, "config": "c"} for v, t in ((1.0, 2.0), (3.0, None), (2.0, 2.0))]
+    out = merged(rows)
+    assert out["flyreg"] == 2.0 and out["repeats"] == 3
+    assert out["torch"] is None  # a peer that failed once has no median
+    assert merged(rows[:1]) == {**rows[0], "repeats": 1}
