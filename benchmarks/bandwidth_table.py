@@ -17,9 +17,16 @@ PEERS = ("torch", "compile", "liger")
 
 
 def _best_peer(row: dict[str, Any]) -> tuple[str, float]:
+    """The fastest peer of a row and its TB/s; ``("-", 0.0)`` when every peer failed."""
     peers = {p: row[p] for p in PEERS if row.get(p)}
+    if not peers:
+        return "-", 0.0
     name = max(peers, key=peers.__getitem__)
     return name, peers[name]
+
+
+def _ratio(a: float | None, b: float | None, places: int = 3) -> str:
+    return f"{a / b:.{places}f}x" if a and b else "-"
 
 
 def table(data: dict[str, Any]) -> list[str]:
@@ -28,25 +35,27 @@ def table(data: dict[str, Any]) -> list[str]:
              "| compile | liger | flyreg / best peer | config |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     digits = lambda v: f"{v:.3f}" if v < 1 else f"{v:.2f}"  # noqa: E731
+    cell = lambda r, k: digits(r[k]) if r.get(k) else "-"  # noqa: E731
     for r in data["rows"]:
         _, best = _best_peer(r)
-        cells = [r["M"], r["N"], digits(r["flyreg"]), f"{r['flyreg_us']:.1f}", f"{100 * r['flyreg'] / copy:.1f} %",
-                 digits(r["no_pdl"]), digits(r["default"]), f"{r['flyreg'] / r['default']:.2f}x",
-                 *(digits(r[p]) if r.get(p) else "-" for p in PEERS), f"{r['flyreg'] / best:.3f}x",
-                 r["config"].removeprefix("Config(").removesuffix(")")]
+        fly = r.get("flyreg")
+        cells = [r["M"], r["N"], cell(r, "flyreg"), f"{r['flyreg_us']:.1f}" if fly else "-",
+                 f"{100 * fly / copy:.1f} %" if fly else "-", cell(r, "no_pdl"), cell(r, "default"),
+                 _ratio(fly, r.get("default"), 2), *(cell(r, p) for p in PEERS),
+                 _ratio(fly, best), r["config"].removeprefix("Config(").removesuffix(")")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
 
 def bars(data: dict[str, Any]) -> list[str]:
-    copy, rows = data["copy_tbps"], data["rows"]
+    copy = data["copy_tbps"]
+    rows = [r for r in data["rows"] if r.get("flyreg") and r.get("default")]  # flyreg or its default failed: no bar
     pct = lambda r: 100 * r["flyreg"] / copy  # noqa: E731
-    big = [r for r in rows if r["M"] == 32768 and r["N"] >= 1024]
-    mid = [r for r in rows if r["M"] == 4096 and r["N"] >= 4096]
-    out = [f"- M = 32768, N >= 1024 at >= 95 % of copy: {sum(pct(r) >= 95 for r in big)} of {len(big)} "
-           f"({min(map(pct, big)):.1f} to {max(map(pct, big)):.1f} %)",
-           f"- M = 4096, N >= 4096 at >= 85 % of copy: {sum(pct(r) >= 85 for r in mid)} of {len(mid)} "
-           f"({min(map(pct, mid)):.1f} to {max(map(pct, mid)):.1f} %)"]
+    out = []
+    for M, N, bar in ((32768, 1024, 95), (4096, 4096, 85)):
+        sel = [pct(r) for r in rows if r["M"] == M and r["N"] >= N]
+        span = f" ({min(sel):.1f} to {max(sel):.1f} %)" if sel else ""
+        out.append(f"- M = {M}, N >= {N} at >= {bar} % of copy: {sum(p >= bar for p in sel)} of {len(sel)}{span}")
     losses = []
     for r in rows:
         name, best = _best_peer(r)

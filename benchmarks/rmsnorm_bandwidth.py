@@ -156,13 +156,21 @@ def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int) -> 
 
 
 def merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row from repeated measurements of a shape: the median of each number (None where any
-    repeat failed), the rest from the first; ``repeats`` counts them."""
+    """One row from repeated measurements of a shape: the median of each implementation's TB/s
+    (None where any repeat failed, with that repeat's error), its time per call recomputed from
+    that median, the rest from the first repeat; ``repeats`` counts them."""
     out = dict(rows[0], repeats=len(rows))
-    for k, v in rows[0].items():
-        if isinstance(v, float) or v is None and k in PEERS:
-            vals = [r.get(k) for r in rows]
-            out[k] = statistics.median(vals) if all(isinstance(x, float) for x in vals) else None
+    for name in [k for k, v in rows[0].items() if (isinstance(v, float) or v is None and k in PEERS)
+                 and not (k.endswith("_us") and k.removesuffix("_us") in rows[0])]:
+        vals = [r.get(name) for r in rows]
+        if all(isinstance(v, float) for v in vals):
+            out[name] = statistics.median(vals)
+            if f"{name}_us" in rows[0]:  # the same call, so us scale inversely with TB/s
+                out[f"{name}_us"] = rows[0][f"{name}_us"] * rows[0][name] / out[name]
+        else:
+            out[name] = None
+            out.pop(f"{name}_us", None)
+            out[f"{name}_error"] = next((r[f"{name}_error"] for r in rows if f"{name}_error" in r), "failed")
     return out
 
 

@@ -35,6 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     import flyreg
     from flyreg import steady
+    from flyreg import Config
     from flyreg.registry import REGISTRY
 
     if args.target_ms is not None:
@@ -49,7 +50,7 @@ def main() -> None:
         reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
         spec = plugin.specialize((xs[0], w), {})
         default = plugin.default(spec)
-        bench: dict[object, float] = {}
+        bench: dict[Config, float] = {}
         for config, _ in reports[0].timings:
             bound = plugin.build(config, spec).bind((xs[0], w), {"eps": EPS, **config.hints})
             bench[config] = steady_ms([lambda x=x, b=bound: b(x, w, EPS) for x in xs], max(50, len(xs)), args.reps)
@@ -59,15 +60,16 @@ def main() -> None:
         print(f"  {'config':58s} {'bench us':>8s} " + " ".join(f"{'search' + str(i):>8s}" for i in range(len(reports))))
         for c in sorted(bench, key=bench.get):
             marks = "".join("*" if rep.winner == c else " " for rep in reports) + ("d" if c == default else " ")
-            print(f"  {str(c):58s} {bench[c] * 1e3:8.2f} " + " ".join(f"{s[c] * 1e3:8.2f}" for s in searched)
+            print(f"  {str(c):58s} {bench[c] * 1e3:8.2f} "
+                  + " ".join(f"{s[c] * 1e3:8.2f}" if c in s else f"{'-':>8s}" for s in searched)
                   + f"  {marks}")
         for i, rep in enumerate(reports):
             res = dict(rep.timings)
             fastest = min(res, key=lambda c: res[c].median)
-            print(f"  search {i}: picked {rep.winner}, regret {bench[rep.winner] / best:.4f}; "
-                  f"default regret {bench[default] / best:.4f}; fastest {fastest} p20-p80 "
-                  f"{res[fastest].p20 * 1e3:.2f}-{res[fastest].p80 * 1e3:.2f} us, default "
-                  f"{res[default].p20 * 1e3:.2f}-{res[default].p80 * 1e3:.2f} us")
+            regret = lambda c: f"{bench[c] / best:.4f}" if c in bench else "-"  # noqa: E731
+            spread = lambda c: f"{res[c].p20 * 1e3:.2f}-{res[c].p80 * 1e3:.2f} us" if c in res else "-"  # noqa: E731
+            print(f"  search {i}: picked {rep.winner}, regret {regret(rep.winner)}; default regret "
+                  f"{regret(default)}; fastest {fastest} p20-p80 {spread(fastest)}, default {spread(default)}")
 
 
 if __name__ == "__main__":

@@ -125,13 +125,15 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                 warm_device(lambda: (in_place.prepare(own, first.pre), first.raw(args, kwargs)), device)
             except Exception:  # that candidate fails again, and is reported, when its turn comes
                 pass
-        timed = _time_all(tuner, spec, checked, own, device, in_place, default, failed)
+        timed, final = _time_all(tuner, spec, checked, own, device, in_place, default, failed)
     finally:
         in_place.prepare(own, None)  # the real call that follows runs on the true inputs
     if not timed:
         lines = [f"  {c}: {why}" for c, why in (*failed, *rejected)]
         raise TuneError(f"{tuner.name}: every config failed on spec {spec}:\n" + "\n".join(lines))
-    winner, winner_ms = pick_winner(timed, default, tuner.tie_band)
+    # After a final round only its times rank: a config outside it kept a shorter, noisier time.
+    winner, winner_ms = pick_winner([t for t in timed if t[0] in final] if final else timed, default,
+                                    tuner.tie_band)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
 
@@ -171,9 +173,13 @@ FINAL_SCALE = 8
 TimeOne = Callable[[Launcher, int], BenchResult]
 
 
+#: What timing returns: every timed candidate's result, and the finalists the final round re-timed.
+Timed = tuple[list[tuple[Config, BenchResult]], frozenset[Config]]
+
+
 def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
               own: InputSet, device: Any, in_place: InPlace, default: Config | None,
-              failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
+              failed: list[tuple[Config, str]]) -> Timed:
     """Time each checked candidate the tuner's way, then the final round. When steady-state timing
     cannot capture a candidate in a CUDA graph, every candidate is timed as single calls after an
     L2 flush instead."""
@@ -196,10 +202,14 @@ def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple
 
 
 def _time_rounds(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
-                 time_one: TimeOne, default: Config | None,
-                 failed: list[tuple[Config, str]]) -> list[tuple[Config, BenchResult]]:
+                 time_one: TimeOne, default: Config | None, failed: list[tuple[Config, str]]) -> Timed:
     """Every candidate once, then the finalists again (their final times replace the first).
-    Failures are merged into ``failed`` only when no :class:`CaptureError` ends the timing."""
+
+    A :class:`CaptureError` in the first round ends the timing (the caller falls back), and then
+    no failure is merged into ``failed``; in the final round it leaves that finalist its first
+    time, outside the final ranking. A finalist that fails otherwise is dropped and reported, as
+    in the first round: a config that fails on a re-run is not served.
+    """
     timed: dict[Config, BenchResult] = {}
     errors: list[tuple[Config, Exception]] = []
     for config, launcher in checked:
@@ -209,25 +219,28 @@ def _time_rounds(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
             raise
         except Exception as e:  # a failing candidate is skipped, never fatal
             errors.append((config, e))
+    tuner.stats.benchmarks += len(timed)
     launchers = dict(checked)
+    final = set()
     for config in finalists(timed, default):
-        tuner.stats.retimed += 1
         try:
             timed[config] = time_one(launchers[config], FINAL_SCALE)
         except CaptureError:
-            raise
+            continue
         except Exception as e:
             del timed[config]
             errors.append((config, e))
+            continue
+        tuner.stats.retimed += 1
+        final.add(config)
     for config, e in errors:
         _failed(tuner, spec, config, e, failed)
-    tuner.stats.benchmarks += len(timed)
-    return list(timed.items())
+    return list(timed.items()), frozenset(final)
 
 
 def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[Config]:
     """The configs the final round re-times: up to :data:`FINALISTS` within :data:`FINAL_BAND` of the
-    fastest, fastest first, and the default where it was timed; none when only one was timed."""
+    fastest, fastest first, and the default where it was timed; none when that leaves one config."""
     if len(timed) < 2:
         return []
     best = min(r.median for r in timed.values())
@@ -235,7 +248,7 @@ def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[
     out = near[:FINALISTS]
     if default in timed and default not in out:
         out.append(default)
-    return out
+    return out if len(out) > 1 else []  # one config alone: nothing to rank
 
 
 def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own: InputSet, device: Any,

@@ -62,9 +62,9 @@ class Autotuner:
     ``timing`` says how a search on a GPU times candidates (:data:`flyreg.bench.TIMINGS`):
     ``"steady"`` (the default) replays many calls in a CUDA graph over rotating copies of the
     call's inputs, as a kernel runs in a model; ``warmup`` and ``rep`` then count replays.
-    A search on the CPU times single calls. Every search ends with a final round: the candidates
-    closest to the fastest, and the default, are timed again over
-    :data:`flyreg.search.FINAL_SCALE` times the work, and ranked by that.
+    A search on the CPU times single calls. A search ends with a final round wherever more than
+    one config is close: the candidates closest to the fastest, and the default, are timed again
+    over :data:`flyreg.search.FINAL_SCALE` times the work, and only those times rank.
     """
 
     def __init__(

@@ -36,10 +36,18 @@ except ImportError:  # pragma: no cover - an older Triton launches without it
     gdc_launch_dependents = gdc_wait = None
 
 
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``, as Triton reads it)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
 def pdl_supported(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch as programmatic dependents: a CUDA device of compute
+    """Whether kernels on ``device`` can launch as programmatic dependents: a CUDA device of compute
     capability 9.0 or later, a compiled (not interpreted) Triton that has ``launch_pdl``."""
-    if device.type != "cuda" or gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or gdc_wait is None or _interpreted():
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
@@ -47,6 +55,16 @@ def pdl_supported(device: torch.device) -> bool:
         return False
     fields = getattr(CUDAOptions, "__dataclass_fields__", {})
     return "launch_pdl" in fields and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _pdl(device: torch.device, pdl: bool | None) -> bool:
+    """The ``pdl=`` argument of a bind resolved: None is :func:`pdl_supported`; True must be supported."""
+    if pdl is None:
+        return pdl_supported(device)
+    if pdl and not pdl_supported(device):
+        raise ValueError(f"pdl=True needs a CUDA device of compute capability 9.0 or later and a compiled Triton "
+                         f"with launch_pdl; got device {device}")
+    return bool(pdl)
 
 
 @triton.jit
@@ -194,7 +212,7 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
     :func:`pdl_supported`)."""
     M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
-    pdl = pdl_supported(x.device) if pdl is None else pdl
+    pdl = _pdl(x.device, pdl)
     alloc = _output_alloc(x)
     if M == 0:  # no rows: nothing to launch
         return lambda x, weight, eps=eps_f: alloc(x)
@@ -217,7 +235,7 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     """:func:`fused_add_rmsnorm_triton` specialized to calls like this one, checked and compiled once."""
     M, N, x_stride, r_stride, eps_f = check_fused_add(x, residual, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
-    pdl = pdl_supported(x.device) if pdl is None else pdl
+    pdl = _pdl(x.device, pdl)
     alloc = _output_alloc(x)
     if M == 0:
         return lambda x, residual, weight, eps=eps_f: alloc(x)

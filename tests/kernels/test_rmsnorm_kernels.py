@@ -499,11 +499,30 @@ def test_gpu_int64_row_offsets() -> None:
 
 
 @needs_triton
-def test_no_dependent_launch_off_hopper_or_interpreted() -> None:
+@pytest.mark.parametrize(("interpreted", "capability", "want"), [
+    (False, (9, 0), True), (False, (10, 0), True), (False, (8, 0), False), (True, (9, 0), False)])
+def test_dependent_launch_only_compiled_on_hopper_and_later(monkeypatch: pytest.MonkeyPatch, interpreted: bool,
+                                                             capability: tuple[int, int], want: bool) -> None:
+    tk = triton_kernels
+    assert tk is not None
+    monkeypatch.setattr(tk, "_interpreted", lambda: interpreted)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert tk.pdl_supported(torch.device("cuda")) is want
+    assert not tk.pdl_supported(torch.device("cpu"))
+
+
+@needs_triton
+def test_pdl_true_where_unsupported_is_a_value_error() -> None:
     assert triton_kernels is not None
-    assert not triton_kernels.pdl_supported(torch.device("cpu"))
-    if INTERPRET and HAS_CUDA:
-        assert not triton_kernels.pdl_supported(torch.device("cuda"))
+    device = _triton_backend().device
+    x, w = randn((2, 64), torch.float32, 91, device), randn((64,), torch.float32, 92, device)
+    if not triton_kernels.pdl_supported(x.device):  # always so in the interpreter
+        with pytest.raises(ValueError, match="pdl=True needs"):
+            triton_kernels.bind_rmsnorm(x, w, BLOCK_N=64, ROWS=1, pdl=True)
+        with pytest.raises(ValueError, match="pdl=True needs"):
+            triton_kernels.bind_fused_add_rmsnorm(x, x.clone(), w, BLOCK_N=64, ROWS=1, pdl=True)
+    y = triton_kernels.bind_rmsnorm(x, w, BLOCK_N=64, ROWS=1, pdl=False)(x, w)
+    assert rel_err(y, ref_rmsnorm(x, w, 1e-6)) <= TOL[torch.float32]
 
 
 @gpu
@@ -534,6 +553,9 @@ def test_gpu_dependent_launches_read_what_the_kernel_before_wrote(pdl: bool, M: 
 
     r0 = r.clone()
     chain()  # compile and warm
+    if pdl:  # the binaries were compiled to launch as dependents, not only given the constexpr
+        binaries = [k for cache in getattr(tk._rmsnorm_kernel, "device_caches", {}).values() for k in cache[0].values()]
+        assert any(getattr(k.metadata, "launch_pdl", False) for k in binaries)
     r.copy_(r0)
     want_r, want_y = r0.cpu().double(), x.cpu()
     for _ in range(steps):  # the same chain in float64, rounding where the kernels store

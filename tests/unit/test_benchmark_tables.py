@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bandwidth_table  # noqa: E402
@@ -36,8 +38,11 @@ def test_bars_name_the_losses_and_the_defaults_beaten() -> None:
 
 
 def test_repeats_merge_to_medians() -> None:
-    rows = [{"M": 1, "flyreg": v, "torch": t, "config": "c"} for v, t in ((1.0, 2.0), (3.0, None), (2.0, 2.0))]
+    rows = [{"M": 1, "flyreg": v, "flyreg_us": 10.0 / v, "torch": t, "torch_us": t and 10.0 / t, "config": "c"}
+            for v, t in ((1.0, 2.0), (4.0, None), (2.0, 2.0))]
+    rows[1]["torch_error"] = "RuntimeError: boom"
     out = merged(rows)
-    assert out["flyreg"] == 2.0 and out["repeats"] == 3
-    assert out["torch"] is None  # a peer that failed once has no median
+    assert out["flyreg"] == 2.0 and out["flyreg_us"] == pytest.approx(5.0) and out["repeats"] == 3
+    assert out["torch"] is None and "torch_us" not in out  # a peer that failed once has no median
+    assert out["torch_error"] == "RuntimeError: boom"  # and says why, whichever repeat failed
     assert merged(rows[:1]) == {**rows[0], "repeats": 1}

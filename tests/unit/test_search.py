@@ -402,6 +402,43 @@ def test_final_round_ranks_by_the_longer_timing(monkeypatch: pytest.MonkeyPatch)
     assert tuner.stats.benchmarks == 4 and tuner.stats.retimed == 3
 
 
+def _two_round_timing(monkeypatch: pytest.MonkeyPatch, rec: Any, first: dict[int, float],
+                      final: dict[int, float | Exception]) -> None:
+    """``search.do_bench`` reporting ``first[CHUNK]`` for base reps and ``final[CHUNK]`` (a time, or an
+    error to raise) for the final round's."""
+    def timing(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
+        fn()
+        chunk = rec.launches[-1][0]
+        value = final[chunk] if rep == FAST["rep"] * search.FINAL_SCALE else first[chunk]
+        if isinstance(value, Exception):
+            raise value
+        return BenchResult.of([value] * rep)
+
+    monkeypatch.setattr(search, "do_bench", timing)
+
+
+def test_only_the_final_round_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close candidate left out of the final round keeps its short time, and cannot win by it."""
+    monkeypatch.setattr(search, "FINALISTS", 2)
+    tuner, rec = double_op("final_only", chunks=(4, 8, 16))
+    _two_round_timing(monkeypatch, rec, {4: 1.0, 8: 1.01, 16: 1.02}, {4: 1.05, 8: 1.06, 16: 0.5})
+    report = tuner.tune(*inputs(), emit=False)
+    assert report.winner == Config({"CHUNK": 4}) and report.winner_ms == pytest.approx(1.05)
+    assert dict(report.timings)[Config({"CHUNK": 16})].median == pytest.approx(1.02)
+    assert tuner.stats.retimed == 2
+
+
+def test_a_finalist_failing_its_final_run_is_dropped_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner, rec = double_op("final_fails", chunks=(4, 8, 16))
+    _two_round_timing(monkeypatch, rec, {4: 1.0, 8: 1.01, 16: 2.0}, {4: RuntimeError("flaky"), 8: 1.0, 16: 2.0})
+    with pytest.warns(FlyregWarning, match="flaky"):
+        report = tuner.tune(*inputs(), emit=False)
+    assert report.winner == Config({"CHUNK": 8})
+    assert [c for c, _ in report.failed] == [Config({"CHUNK": 4})]
+    assert Config({"CHUNK": 4}) not in dict(report.timings)
+    assert tuner.stats.benchmarks == 3 and tuner.stats.retimed == 1
+
+
 def test_finalists() -> None:
     r = BenchResult.of
     cs = [Config({"CHUNK": i}) for i in range(10)]
@@ -413,6 +450,7 @@ def test_finalists() -> None:
     assert search.finalists(far, None) == [cs[2], cs[0]]
     assert search.finalists(far, cs[1]) == [cs[2], cs[0], cs[1]]
     assert search.finalists({cs[0]: r([1.0])}, cs[0]) == []  # nothing to tell apart
+    assert search.finalists({cs[0]: r([1.0]), cs[1]: r([2.0])}, cs[0]) == []  # one close config, the default
     assert search.finalists(far, Config({"CHUNK": 99})) == [cs[2], cs[0]]  # an untimed default
 
 
