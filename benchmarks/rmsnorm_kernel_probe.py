@@ -1,6 +1,6 @@
 """RMSNorm kernel variants against torch.compile, side by side, at the shapes that decide the bars.
 
-    python benchmarks/rmsnorm_kernel_probe.py [--shapes 32768x8192 4096x12288 ...] [--tiles]
+    python benchmarks/rmsnorm_kernel_probe.py [--shapes 32768x8192 4096x12288 ...] [--tiles] [--offsets]
 
 For each bf16 shape it times, in steady state (``flyreg.steady``: rotating input sets in one
 CUDA graph), the plugin's kernel over whole-row tiles (rows per program x warps) and chunked rows
@@ -9,6 +9,9 @@ CUDA graph), the plugin's kernel over whole-row tiles (rows per program x warps)
 each as TB/s, % of a 2 GiB copy and the ratio to torch.compile. ``--tiles`` adds two variants
 that were tried and dropped: a whole row cut into two or three power-of-two tiles (no lane masked
 off for N = 5120, 6144, 7168, 12288), and the whole row loaded with ``evict_first``.
+
+``--offsets`` adds the chunked path (one row a program) as a probe kernel with int64 and with
+int32 row offsets, as inductor indexes below 2**31 elements (for shapes that fit).
 
 To read what inductor generated for the same shapes, run it with ``TORCHINDUCTOR_CACHE_DIR`` set
 to an empty directory: the kernels and their ``.best_config`` files land there.
@@ -70,6 +73,28 @@ def _tiles_rmsnorm(X, W, Y, M, N, stride_x, eps, T0: tl.constexpr, T1: tl.conste
         tl.store(yr + c2[None, :], (x2 * rstd * w2[None, :]).to(Y.dtype.element_ty), mask=m2)
 
 
+@triton.jit
+def _chunked_rmsnorm(X, W, Y, M, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, OFF64: tl.constexpr):
+    # The plugin's chunked path (one row a program), with int64 or int32 row offsets.
+    pid = tl.program_id(0)
+    if OFF64:
+        pid = pid.to(tl.int64)
+    xr = X + pid * stride_x
+    yr = Y + pid * N
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(xr + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(xr + c, mask=c < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        tl.store(yr + c, (x * rstd * w).to(Y.dtype.element_ty), mask=c < N)
+
+
 def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
     """Up to ``parts`` power-of-two tiles covering N: the largest that fit, the last rounded up."""
     t = [1 << (N.bit_length() - 1)]
@@ -85,7 +110,7 @@ def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
 
 
 def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor,
-             tiles: bool) -> dict[str, Callable[[int], Callable[[], Any]]]:
+             tiles: bool, offsets: bool = False) -> dict[str, Callable[[int], Callable[[], Any]]]:
     """name -> (input set index -> call)."""
     from flyreg_rmsnorm import triton_kernels as tk
 
@@ -102,6 +127,10 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
         return lambda i: (lambda: _tiles_rmsnorm[grid](xs[i], w, ys[i], M, N, N, EPS, T0=t[0], T1=t[1], T2=t[2],
                                                        ROWS=rows, EVICT=evict, num_warps=warps))
 
+    def chunked(block: int, warps: int, off64: bool) -> Callable[[int], Callable[[], Any]]:
+        return lambda i: (lambda: _chunked_rmsnorm[(M,)](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=block, OFF64=off64,
+                                                         num_warps=warps, num_stages=1))
+
     out: dict[str, Callable[[int], Callable[[], Any]]] = {"copy_": lambda i: (lambda: ys[i].copy_(xs[i]))}
     for rows in (r for r in (1, 2, 4) if r * P <= 16384 and r <= M):
         for warps in (1, 2, 4, 8, 16):
@@ -114,6 +143,10 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
             for warps in (w for w in (4, 8, 16) if chunk // (32 * w) >= 2):
                 out[f"chunk {chunk} w{warps}"] = plugin(chunk, 1, warps, 1)
         out["chunk 2048 w16 st3"] = plugin(2048, 1, 16, 3)
+        if offsets and M * N < 2**31:
+            for chunk, warps in ((2048, 16), (2048, 8), (4096, 16)):
+                for off64 in (False, True):
+                    out[f"chunk {chunk} w{warps} {'i64' if off64 else 'i32'} (probe)"] = chunked(chunk, warps, off64)
     if tiles and P != N:
         for t in {tiles_of(N, parts) for parts in (2, 3)}:
             if sum(t) < P:
@@ -126,6 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxN, bf16")
     ap.add_argument("--tiles", action="store_true", help="also the split-row and evict_first variants")
+    ap.add_argument("--offsets", action="store_true", help="also chunked rows with int32 against int64 row offsets")
     args = ap.parse_args()
     import flyreg
 
@@ -141,7 +175,7 @@ def main() -> None:
         nsets = len(xs)
         ref = reference(xs[0], w)
         calls = max(50 if nbytes > (16 << 20) else 200, nsets)
-        fns = variants(M, N, xs, ys, w, args.tiles)
+        fns = variants(M, N, xs, ys, w, args.tiles, args.offsets)
         fns["compile"] = lambda i: (lambda: compiled(xs[i], (N,), w, EPS))
         fns["flyreg"] = lambda i: (lambda: tuner(xs[i], w, EPS))
         rows = []
