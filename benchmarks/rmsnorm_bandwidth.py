@@ -211,5 +211,13 @@ def main() -> None:
                                "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
+def main_on_cuda(script: str, main: Callable[[], None]) -> None:
+    """Run a benchmark's ``main``, or say it measured nothing where there is no CUDA device."""
+    if torch.cuda.is_available():
+        main()
+    else:
+        print(f"{script}: needs a CUDA device; nothing measured")
+
+
 if __name__ == "__main__":
-    main()
+    main_on_cuda("rmsnorm_bandwidth", main)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import copy_tbps, reference, rotating_inputs, steady_ms  # noqa: E402
+from rmsnorm_bandwidth import copy_tbps, main_on_cuda, reference, rotating_inputs, steady_ms  # noqa: E402
 
 EPS = 1e-6
 SHAPES = ("32768x7168", "32768x8192", "32768x12288", "4096x8192", "4096x12288", "256x8192", "256x16384",
@@ -200,7 +200,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        print("rmsnorm_kernel_probe: needs a CUDA device; nothing measured")
-    else:
-        main()
+    main_on_cuda("rmsnorm_kernel_probe", main)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import EPS, rotating_inputs, steady_ms  # noqa: E402
+from rmsnorm_bandwidth import EPS, main_on_cuda, rotating_inputs, steady_ms  # noqa: E402
 
 SHAPES = ("4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")
 
@@ -73,7 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        print("search_agreement: needs a CUDA device; nothing measured")
-    else:
-        main()
+    main_on_cuda("search_agreement", main)

@@ -221,7 +221,7 @@ def _time_rounds(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
             errors.append((config, e))
     tuner.stats.benchmarks += len(timed)
     launchers = dict(checked)
-    final = set()
+    final: set[Config] = set()
     for config in finalists(timed, default):
         try:
             timed[config] = time_one(launchers[config], FINAL_SCALE)

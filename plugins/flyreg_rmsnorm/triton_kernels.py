@@ -13,8 +13,9 @@ stored in x's dtype. ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summe
 float32, rounded to residual's dtype) into ``residual`` and normalizes that stored,
 rounded value. On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
 dependents (``launch_pdl``, see :func:`pdl_supported`): a launch may start while the kernel before
-it drains, and waits for that kernel's writes (``gdc_wait``) before its first load. The chunked path's first pass loads with ``evict_last`` so that its second pass
-finds the row in L2 (without the hint it missed L2 once many rows were in flight, and ran about
+it drains, and waits for that kernel's writes (``gdc_wait``) before its first load.
+
+The chunked path's first pass loads with ``evict_last`` so that its second pass finds the row in L2 (without the hint it missed L2 once many rows were in flight, and ran about
 1.5x slower than a whole row on the H200).
 """
 
