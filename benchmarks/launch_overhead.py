@@ -56,17 +56,19 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     block_n, rows = int(res.config.kwargs["BLOCK_N"]), int(res.config.kwargs["ROWS"])
     hints = {k: v for k, v in res.config.hints.items() if k in ("num_warps", "num_stages")}
     grid = ((M + rows - 1) // rows,)
-    one_pass = block_n >= N
     stride = x.stride(0)
     kernel = tk._rmsnorm_kernel
+    pdl = tk.pdl_supported(x.device)  # launched as the plugin launches it
+    consts = tk._constexprs(M, N, block_n, rows, pdl, stride)
+    launch_hints = tk._hints(hints.get("num_warps"), hints.get("num_stages"), pdl)
 
     def direct() -> Any:
-        kernel[grid](x, w, y, M, stride, EPS, N=N, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, MASK_ROWS=M % rows != 0, **hints)
+        kernel[grid](x, w, y, M, stride, EPS, **consts, **launch_hints)
         return y
 
     def direct_alloc() -> Any:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        kernel[grid](x, w, out, M, stride, EPS, N=N, BLOCK_N=block_n, ROWS=rows, ONE_PASS=one_pass, MASK_ROWS=M % rows != 0, **hints)
+        kernel[grid](x, w, out, M, stride, EPS, **consts, **launch_hints)
         return out
 
     bound = tk.bind_rmsnorm(x, w, EPS, BLOCK_N=block_n, ROWS=rows, **hints)
@@ -77,9 +79,10 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     p2 = 1 << max(N - 1, 0).bit_length()
     auto_configs = [triton.Config({"BLOCK_N": p2, "ROWS": 1}, num_warps=nw) for nw in (4, 8, 16)]
     auto = triton.autotune(configs=auto_configs, key=["N"])(kernel)
+    auto_consts = {k: v for k, v in tk._constexprs(M, N, p2, 1, False, stride).items() if k not in ("BLOCK_N", "ROWS")}
 
     def autotuned() -> Any:
-        auto[(M,)](x, w, y, M, stride, EPS, N=N, ONE_PASS=True, MASK_ROWS=False)
+        auto[(M,)](x, w, y, M, stride, EPS, **auto_consts)
         return y
 
     defs = register_torch_ops()

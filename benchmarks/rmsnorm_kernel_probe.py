@@ -11,7 +11,13 @@ that were tried and dropped: a whole row cut into two or three power-of-two tile
 off for N = 5120, 6144, 7168, 12288), and the whole row loaded with ``evict_first``.
 
 ``--offsets`` adds the chunked path (one row a program) as a probe kernel with int64 and with
-int32 row offsets, as inductor indexes below 2**31 elements (for shapes that fit).
+int32 row offsets, as inductor indexes below 2**31 elements (for shapes that fit). ``--mirror``
+adds inductor's looped reduction written out (int32 offsets over a constant row stride, a
+``tl.where`` accumulator), each difference from the plugin switchable, and
+the plugin's chunked kernel allocating its output each call as compile and flyreg do, and the
+chunked kernel launched through torch's static CUDA launcher as inductor launches. Every probe
+variant launches plainly (no PDL) unless ``--pdl``, which adds the 16- and 32-warp chunks launched
+as programmatic dependents; the ``flyreg`` row is the op as served.
 
 To read what inductor generated for the same shapes, run it with ``TORCHINDUCTOR_CACHE_DIR`` set
 to an empty directory: the kernels and their ``.best_config`` files land there.
@@ -95,6 +101,59 @@ def _chunked_rmsnorm(X, W, Y, M, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.con
         tl.store(yr + c, (x * rstd * w).to(Y.dtype.element_ty), mask=c < N)
 
 
+@triton.jit
+def _mirror_rmsnorm(X, W, Y, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, CONST_STRIDE: tl.constexpr,
+                    WHERE: tl.constexpr, INDEX: tl.constexpr = False):
+    # Inductor's looped reduction for one row a program, [1, BLOCK_N] tiles: int32 offsets over a
+    # constant row stride and a tl.where accumulator, each switchable to the plugin's way.
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    xr = X + (row * N if CONST_STRIDE else row.to(tl.int64) * stride_x)
+    yr = Y + (row * N if CONST_STRIDE else row.to(tl.int64) * N)
+    off = 0
+    if INDEX:  # one int32 index a load, as inductor writes it: X + (col + N * row)
+        xr = X
+        yr = Y
+        off = N * row
+    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(xr + (c + off), c < N, eviction_policy="evict_last", other=0.0).to(tl.float32)
+        acc = tl.where(c < N, acc + x * x, acc) if WHERE else acc + x * x
+    rstd = tl.rsqrt(tl.sum(acc, 1)[:, None] / N + eps)
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(xr + (c + off), c < N, eviction_policy="evict_first", other=0.0).to(tl.float32)
+        w = tl.load(W + c, c < N, eviction_policy="evict_last", other=0.0).to(tl.float32)
+        tl.store(yr + (c + off), (x * rstd * w).to(Y.dtype.element_ty), c < N)
+
+
+def statically_launched(M: int, N: int, chunk: int, warps: int, xs: list[torch.Tensor], ys: list[torch.Tensor],
+                        w: torch.Tensor) -> Callable[[int], Callable[[], Any]] | None:
+    """The plugin's chunked kernel launched as inductor launches its kernels (torch's static CUDA
+    launcher), or None (with the reason printed) where this torch has none."""
+    import tempfile
+
+    from flyreg_rmsnorm import triton_kernels as tk
+    try:
+        try:
+            from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+        except ImportError:
+            from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+        k = tk._rmsnorm_kernel.warmup(xs[0], w, ys[0], M, N, EPS, grid=(M,), **tk._constexprs(M, N, chunk, 1, False, N),
+                                      num_warps=warps, num_stages=1)
+        k = k.result() if hasattr(k, "result") else k
+        k._cubin_path = None
+        launcher = StaticallyLaunchedCudaKernel(k)
+        launcher.reload_cubin_from_raw(str(Path(tempfile.mkdtemp()) / f"{launcher.name}.cubin"))
+        launcher.load_kernel(torch.cuda.current_device())
+    except Exception as e:  # a private torch interface: report and go on
+        print(f"  (no static launcher: {type(e).__name__}: {e})")
+        return None
+    return lambda i: (lambda: launcher.run(M, 1, 1, torch.cuda.current_stream().cuda_stream, xs[i], w, ys[i], M, N,
+                                           EPS))
+
+
 def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
     """Up to ``parts`` power-of-two tiles covering N: the largest that fit, the last rounded up."""
     t = [1 << (N.bit_length() - 1)]
@@ -110,17 +169,19 @@ def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
 
 
 def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor,
-             tiles: bool, offsets: bool = False) -> dict[str, Callable[[int], Callable[[], Any]]]:
+             tiles: bool, offsets: bool = False, mirror: bool = False,
+             pdl: bool = False) -> dict[str, Callable[[int], Callable[[], Any]]]:
     """name -> (input set index -> call)."""
     from flyreg_rmsnorm import triton_kernels as tk
 
     P = triton.next_power_of_2(N)
 
-    def plugin(block: int, rows: int, warps: int, stages: int | None = None) -> Callable[[int], Callable[[], Any]]:
+    def plugin(block: int, rows: int, warps: int, stages: int | None = None,
+               pdl: bool = False) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
-        kw = {"num_warps": warps, **({"num_stages": stages} if stages else {})}
-        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=block, ROWS=rows,
-                                                           ONE_PASS=block >= N, MASK_ROWS=M % rows != 0, **kw))
+        kw = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {})}
+        consts = tk._constexprs(M, N, block, rows, pdl, N)
+        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, **consts, **kw))
 
     def split(t: tuple[int, int, int], rows: int, warps: int, evict: bool) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
@@ -140,13 +201,42 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
                     out[f"whole evict_first R{rows} w{warps}"] = split((P, 0, 0), rows, warps, True)
     if P >= 4096:
         for chunk in (c for c in (1024, 2048, 4096) if c < P):
-            for warps in (w for w in (4, 8, 16) if chunk // (32 * w) >= 2):
+            for warps in (w for w in (4, 8, 16, 32) if chunk // (32 * w) >= 2):
                 out[f"chunk {chunk} w{warps}"] = plugin(chunk, 1, warps, 1)
+                if pdl and warps >= 16:
+                    out[f"chunk {chunk} w{warps} pdl"] = plugin(chunk, 1, warps, 1, pdl=True)
         out["chunk 2048 w16 st3"] = plugin(2048, 1, 16, 3)
         if offsets and M * N < 2**31:
             for chunk, warps in ((2048, 16), (2048, 8), (4096, 16)):
                 for off64 in (False, True):
                     out[f"chunk {chunk} w{warps} {'i64' if off64 else 'i32'} (probe)"] = chunked(chunk, warps, off64)
+    if mirror and M * N < 2**31 and P >= 4096:
+        def mirrored(chunk: int, warps: int, const: bool, where: bool) -> Callable[[int], Callable[[], Any]]:
+            kw = dict(N=N, BLOCK_N=chunk, CONST_STRIDE=const, WHERE=where, num_warps=warps, num_stages=1)
+            return lambda i: (lambda: _mirror_rmsnorm[(M,)](xs[i], w, ys[i], N, EPS, **kw))
+        for chunk, warps in ((2048, 16), (4096, 16)):
+            for const, where in ((True, True), (False, True), (True, False), (False, False)):
+                tag = f"{'i32 const' if const else 'i64 stride'}{' where' if where else ''}"
+                out[f"mirror {chunk} w{warps} {tag}"] = mirrored(chunk, warps, const, where)
+        for chunk, options in ((2048, {}), (2048, {"debug": True, "sanitize_overflow": False})):
+            kw2 = dict(N=N, BLOCK_N=chunk, CONST_STRIDE=True, WHERE=True, INDEX=True, num_warps=16, num_stages=1,
+                       **options)
+            out[f"mirror {chunk} w16 i32 index{' debug' if options else ''}"] = (
+                lambda kw2: lambda i: (lambda: _mirror_rmsnorm[(M,)](xs[i], w, ys[i], N, EPS, **kw2)))(kw2)
+        grid = (M,)
+
+        def allocating(i: int) -> Callable[[], Any]:
+            def call() -> torch.Tensor:
+                y = torch.empty_like(xs[i])
+                tk._rmsnorm_kernel[grid](xs[i], w, y, M, N, EPS, **tk._constexprs(M, N, 2048, 1, False, N),
+                                         num_warps=16, num_stages=1)
+                return y
+            return call
+        out["chunk 2048 w16 allocating"] = allocating
+        for chunk in (2048, 4096):
+            static = statically_launched(M, N, chunk, 16, xs, ys, w)
+            if static is not None:
+                out[f"chunk {chunk} w16 static launcher"] = static
     if tiles and P != N:
         for t in {tiles_of(N, parts) for parts in (2, 3)}:
             if sum(t) < P:
@@ -160,8 +250,11 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxN, bf16")
     ap.add_argument("--tiles", action="store_true", help="also the split-row and evict_first variants")
     ap.add_argument("--offsets", action="store_true", help="also chunked rows with int32 against int64 row offsets")
+    ap.add_argument("--pdl", action="store_true", help="also the wider chunks launched as programmatic dependents")
+    ap.add_argument("--mirror", action="store_true", help="also inductor's looped reduction, each difference switchable")
     args = ap.parse_args()
     import flyreg
+    from flyreg_rmsnorm import triton_kernels as tk
 
     torch._dynamo.config.cache_size_limit = 4096
     compiled = torch.compile(torch.nn.functional.rms_norm, dynamic=False)
@@ -175,7 +268,9 @@ def main() -> None:
         nsets = len(xs)
         ref = reference(xs[0], w)
         calls = max(50 if nbytes > (16 << 20) else 200, nsets)
-        fns = variants(M, N, xs, ys, w, args.tiles, args.offsets)
+        fns = variants(M, N, xs, ys, w, args.tiles, args.offsets, args.mirror, args.pdl and tk.pdl_supported(w.device))
+        fns = {"compile first": lambda i: (lambda: compiled(xs[i], (N,), w, EPS)),
+               "flyreg first": lambda i: (lambda: tuner(xs[i], w, EPS)), **fns}
         fns["compile"] = lambda i: (lambda: compiled(xs[i], (N,), w, EPS))
         fns["flyreg"] = lambda i: (lambda: tuner(xs[i], w, EPS))
         rows = []
@@ -183,7 +278,7 @@ def main() -> None:
             calls_i = [make(i) for i in range(nsets)]
             ys[0].zero_()
             out = calls_i[0]()
-            y = out if isinstance(out, torch.Tensor) and name in ("compile", "flyreg") else ys[0]
+            y = out if isinstance(out, torch.Tensor) and name != "copy_" else ys[0]
             err = ((y.double() - ref).norm() / ref.norm()).item()
             if name != "copy_" and not err < 1e-2:
                 print(f"  WRONG {name}: relative error {err:.2e}")
@@ -194,7 +289,7 @@ def main() -> None:
         peer = next(r[0] for r in rows if r[1] == "compile")
         print(f"\n== M={M} N={N}: {nsets} input sets, {calls} calls a replay; served {tuner.resolve(xs[0], w, EPS).config}")
         for i, (tbps, name, ms) in enumerate(rows):
-            if i < 12 or name in ("compile", "flyreg", "copy_"):
+            if i < 12 or name in ("compile", "flyreg", "copy_") or "mirror" in name or "alloc" in name or "static" in name or "first" in name:
                 print(f"  {name:28s} {tbps:6.3f} TB/s {100 * tbps / copy:6.1f} %  {ms * 1e3:8.2f} us  "
                       f"{tbps / peer:.3f}x compile")
 

@@ -88,8 +88,8 @@ def _variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w:
 
     def plugin_kernel(rows: int, warps: int) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
-        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=P, ROWS=rows,
-                                                           ONE_PASS=True, MASK_ROWS=M % rows != 0, num_warps=warps))
+        consts = tk._constexprs(M, N, P, rows, False, N)
+        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, **consts, num_warps=warps))
 
     def persistent(rows: int, warps: int, stages: int, evict: bool, per_sm: int) -> Callable[[int], Callable[[], Any]]:
         grid = (min(triton.cdiv(M, rows), sms * per_sm),)
@@ -176,7 +176,7 @@ def launch() -> None:
     w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
     y = torch.empty_like(x)
     kernel = tk._rmsnorm_kernel
-    constexprs = {"N": N, "BLOCK_N": 4096, "ROWS": 1, "ONE_PASS": True, "MASK_ROWS": False}
+    constexprs = tk._constexprs(M, N, 4096, 1, False, N)
     compiled = kernel.warmup(x, w, y, M, N, EPS, grid=(1,), **constexprs, num_warps=8)
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     stream_of = driver.active.get_current_stream
@@ -184,7 +184,7 @@ def launch() -> None:
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
 
     def c_launch(out: torch.Tensor) -> torch.Tensor:
-        run(1, 1, 1, stream_of(dev), function, packed, None, enter, leave, x, w, out, M, N, EPS, N, 4096, 1, True, False)
+        run(1, 1, 1, stream_of(dev), function, packed, None, enter, leave, x, w, out, M, N, EPS, *constexprs.values())
         return out
 
     fns = {
@@ -226,8 +226,8 @@ def compile_candidates(mode: str) -> None:
     def compile_one(item: tuple[int, Any]) -> Any:
         N, c = item
         k = c.kwargs
-        return tk._rmsnorm_kernel.warmup(x, w, y, 4096, N, EPS, N=N, grid=(1,), BLOCK_N=k["BLOCK_N"], ROWS=k["ROWS"],
-                                         ONE_PASS=k["BLOCK_N"] >= N, MASK_ROWS=True, **c.hints)
+        consts = {**tk._constexprs(4096, N, k["BLOCK_N"], k["ROWS"], False, N), "MASK_ROWS": True}
+        return tk._rmsnorm_kernel.warmup(x, w, y, 4096, N, EPS, grid=(1,), **consts, **c.hints)
 
     t0 = time.perf_counter()
     if mode == "serial":

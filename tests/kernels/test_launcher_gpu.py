@@ -40,8 +40,7 @@ def test_bound_launch_equals_the_generic_launch_bitwise(M: int, N: int, rows: in
         x.normal_()
         y = bound(x, w)
         want = torch.full_like(x, float("nan"))
-        tk._rmsnorm_kernel[((M + rows - 1) // rows,)](x, w, want, M, N, EPS, N=N, BLOCK_N=block, ROWS=rows,
-                                                      ONE_PASS=block >= N, MASK_ROWS=M % rows != 0, PDL=False,
+        tk._rmsnorm_kernel[((M + rows - 1) // rows,)](x, w, want, M, N, EPS, **tk._constexprs(M, N, block, rows, False, N),
                                                       num_warps=warps)
         assert torch.equal(y, want)
         assert rel_err(y, reference(x, w)) < 1e-2

@@ -499,6 +499,54 @@ def test_gpu_int64_row_offsets() -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize(("M", "N", "BLOCK_N", "ROWS", "strides", "last"), [
+    (2, 64, 64, 1, (2**31 - 64,), 2**31 - 1),  # the last row ends exactly at INT32_MAX
+    (2, 64, 64, 1, (2**31 - 63,), 2**31),
+    (3, 100, 64, 4, (100,), 3 * 100 + 127),  # a masked-off fourth row and 28 masked columns count
+    (65537, 32768, 4096, 1, (32768,), 65536 * 32768 + 32767),
+    (32768, 12288, 2048, 1, (12288,), 32767 * 12288 + 2047 + 10240),
+    (32768, 12288, 2048, 1, (12288, 65538), 32767 * 65538 + 12287),  # the widest row stride decides
+])
+def test_int64_indexing_exactly_where_an_offset_passes_int32(M: int, N: int, BLOCK_N: int, ROWS: int,
+                                                               strides: tuple[int, ...], last: int) -> None:
+    assert triton_kernels is not None
+    assert triton_kernels.needs_int64(M, N, BLOCK_N, ROWS, *strides) is (last > 2**31 - 1)
+    assert triton_kernels._constexprs(M, N, BLOCK_N, ROWS, False, *strides)["OFF64"] is (last > 2**31 - 1)
+
+
+@needs_triton
+def test_dense_rows_index_by_the_constexpr_width() -> None:
+    assert triton_kernels is not None
+    assert triton_kernels._constexprs(8, 64, 64, 1, False, 64)["X_DENSE"] is True
+    consts = triton_kernels._constexprs(8, 64, 64, 1, False, 64, 96)
+    assert (consts["X_DENSE"], consts["R_DENSE"]) == (True, False)
+    assert triton_kernels._constexprs(8, 64, 64, 1, False, 96)["X_DENSE"] is False
+
+
+@needs_triton
+@pytest.mark.parametrize("config", [Config({"BLOCK_N": 64, "ROWS": 4}, num_warps=2),
+                                    Config({"BLOCK_N": 32, "ROWS": 1}, num_warps=1, num_stages=1)])
+def test_int64_and_int32_indexing_agree(monkeypatch: pytest.MonkeyPatch, config: Config, poison: None) -> None:
+    """Both index widths, on strided rows with a masked-off last tile: the int64 path is taken by
+    lowering the int32 limit (a real > 2**31-element case runs in the gpu-marked test)."""
+    assert triton_kernels is not None
+    backend = _triton_backend()
+    big_x = randn((7, 90), torch.float32, 31, backend.device)
+    big_r = randn((7, 80), torch.float32, 32, backend.device)
+    x, w = big_x[:, :50], randn((50,), torch.float32, 33, backend.device)
+    results = {}
+    for limit in (2**31 - 1, 100):
+        monkeypatch.setattr(triton_kernels, "INT32_MAX", limit)
+        assert triton_kernels.needs_int64(7, 50, config.kwargs["BLOCK_N"], config.kwargs["ROWS"], 90) is (limit == 100)
+        r = big_r[:, :50].clone()
+        check_rmsnorm(backend, config, x, w)
+        check_fused(backend, config, x, r, w)
+        results[limit] = (backend.call(backend.rmsnorm, config, x, w, 1e-6), r)
+    assert torch.equal(results[100][0], results[2**31 - 1][0])
+    assert torch.equal(results[100][1], results[2**31 - 1][1])
+
+
+@needs_triton
 @pytest.mark.parametrize(("interpreted", "capability", "want"), [
     (False, (9, 0), True), (False, (10, 0), True), (False, (8, 0), False), (True, (9, 0), False)])
 def test_dependent_launch_only_compiled_on_hopper_and_later(monkeypatch: pytest.MonkeyPatch, interpreted: bool,
