@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bandwidth_table  # noqa: E402
-from rmsnorm_bandwidth import merged  # noqa: E402
+from rmsnorm_bandwidth import merged, paired_ratios  # noqa: E402
 
 
 def _row(M: int, N: int, flyreg: float, default: float, compile_: float | None) -> dict[str, Any]:
@@ -46,3 +46,34 @@ def test_repeats_merge_to_medians() -> None:
     assert out["torch"] is None and "torch_us" not in out  # a peer that failed once has no median
     assert out["torch_error"] == "RuntimeError: boom"  # and says why, whichever repeat failed
     assert merged(rows[:1]) == {**rows[0], "repeats": 1}
+
+
+def test_a_close_peer_is_decided_by_its_back_to_back_pairs() -> None:
+    won_in_pairs = {**_row(32768, 12288, 4.27, 4.0, 4.28), "recheck": {"compile": [1.001, 0.999, 1.002]}}
+    lost_in_pairs = {**_row(4096, 8192, 3.99, 3.99, 3.98), "recheck": {"compile": [0.998, 0.997, 1.003]}}
+    lines = bandwidth_table.bars({"copy_tbps": 4.0, "rows": [won_in_pairs, lost_in_pairs]})
+    assert "1 of 2 (2 peer cells within the recheck band decided by back-to-back pairs)" in lines[2]
+    assert "slower on 4096 x 8192: 0.9980x compile (median of 3 back-to-back pairs)" in lines[2]
+    assert "32768 x 12288" not in lines[2]
+    table = bandwidth_table.table({"copy_tbps": 4.0, "rows": [won_in_pairs]})
+    assert "| 0.998x (pairs 1.001x) |" in table[2]
+
+
+def test_pairs_alternate_which_goes_first() -> None:
+    order: list[str] = []
+    a, b = [lambda: None], [lambda: None]
+
+    def time(fns: list[Any]) -> float:
+        order.append("a" if fns is a else "b")
+        return 2.0 if fns is a else 3.0
+
+    assert paired_ratios(a, b, 4, time) == [1.5] * 4
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_repeats_pool_their_pairs() -> None:
+    rows = [{"M": 1, "flyreg": 1.0, "config": "c", "recheck": {"compile": [1.0, 1.1]}},
+            {"M": 1, "flyreg": 1.0, "config": "c"},
+            {"M": 1, "flyreg": 1.0, "config": "c", "recheck": {"compile": [0.9], "liger": [1.2]}}]
+    assert merged(rows)["recheck"] == {"compile": [1.0, 1.1, 0.9], "liger": [1.2]}
+    assert "recheck" not in merged(rows[1:2])
