@@ -12,8 +12,8 @@ import torch
 
 from ._fileio import warn_once
 from .bench import BenchResult, device_kind, do_bench, warm_device
-from .steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, set_count,
-                     storages, viewed_bytes)
+from .steady import (CaptureError, InputSet, bench_steady, calls_per_replay, copy_budget, copy_inputs, free_bytes,
+                     per_call_ms, set_count, storages, viewed_bytes)
 from .compare import mismatch
 from .config import Config, JSONScalar
 from .launch import Launcher, LaunchSignatureError, arg_name
@@ -269,10 +269,15 @@ def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own:
     except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
         torch.cuda.empty_cache()
 
+    shared: list[int] = []  # calls of a replay, sized on the first candidate timed and kept for all
+
     def time_one(launcher: Launcher, scale: int) -> BenchResult:
         pre = launcher.pre
         prepare = (lambda s: in_place.prepare(s, pre)) if in_place or pre else None
-        return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, prepare, scale)
+        if prepare is None and not shared:
+            shared.append(calls_per_replay(len(sets), per_call_ms(launcher.raw, sets), False))
+        return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, prepare, scale,
+                            shared[0] if prepare is None else None)
 
     return time_one
 

@@ -222,31 +222,53 @@ def capture(body: Callable[[], Any], prepare: Callable[[], None] | None = None) 
     return graph
 
 
+#: Fewest calls of the replay :func:`per_call_ms` times (a whole number of rounds through the sets).
+SIZING_CALLS = 16
+
+
+def per_call_ms(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet]) -> float:
+    """Median device milliseconds per call over three short replays (each set once, at least
+    :data:`SIZING_CALLS` calls): what a replay is sized from. Events around one eager call time its
+    launch as well (two to three times the kernel for a call of a few microseconds). Raises
+    :class:`CaptureError` when capture fails."""
+    calls = [lambda s=s: call(s.args, s.kwargs) for s in sets]
+    out = calls[0]()
+    count = len(sets) * math.ceil(SIZING_CALLS / len(sets))
+    return statistics.median(replay_ms(calls, count, 1, 3, out_bytes=_out_bytes(out)))
+
+
 def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet], warmup: int,
-                 rep: int, prepare: Callable[[InputSet], None] | None = None, scale: int = 1) -> BenchResult:
+                 rep: int, prepare: Callable[[InputSet], None] | None = None, scale: int = 1,
+                 count: int | None = None) -> BenchResult:
     """Steady-state time of ``call(args, kwargs)`` over ``sets`` (see the module docstring).
 
     ``scale`` multiplies the measured work: the calls of a replay (:func:`calls_per_replay`) or,
-    when each set runs once a replay, the timed replays.
+    when each set runs once a replay, the timed replays. ``count`` is the calls of an unprepared
+    replay at scale 1 (then ``count * scale`` a replay): candidates that are compared should share
+    it, since each replay's own overhead is spread over its calls. Without it, the replay is sized
+    from one eager call of this ``call``.
 
     ``prepare(set)`` readies one set for a call (restores or zeroes its in-place tensors, runs a
     pre-hook); with it, each set runs once a replay and every set is prepared before each replay.
-    Two calls run eagerly first, the second timed to size the replay; their errors (and those of
-    the side-stream run before capture) are the config's; a capture failure raises
-    :class:`CaptureError`.
+    One call runs eagerly first (and, to size an unprepared replay without ``count``, a second,
+    timed); their errors (and those of the side-stream run before capture) are the config's; a
+    capture failure raises :class:`CaptureError`.
     """
     first = sets[0]
     if prepare is not None:
         prepare(first)
-    call(first.args, first.kwargs)  # warm: the timed call below measures the call, not a first use
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = call(first.args, first.kwargs)  # warm: the timed call below measures the call, not a first use
     if prepare is not None:
-        prepare(first)
-    start.record()
-    out = call(first.args, first.kwargs)
-    end.record()
-    end.synchronize()
-    count = calls_per_replay(len(sets), start.elapsed_time(end), prepare is not None, scale)
+        count = len(sets)
+    elif count is not None:
+        count *= scale
+    else:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = call(first.args, first.kwargs)
+        end.record()
+        end.synchronize()
+        count = calls_per_replay(len(sets), start.elapsed_time(end), False, scale)
 
     def prepare_all() -> None:
         for s in sets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -79,6 +80,48 @@ def test_search_falls_back_to_flushed_timing_when_capture_fails() -> None:
     assert any("cannot be timed in a CUDA graph" in str(w.message) for w in caught)
     assert len(report.timings) == 2 and not report.failed
     assert torch.randn(4, device="cuda").isfinite().all()  # the failed capture left torch's RNG usable
+
+
+def test_a_given_replay_length_is_the_one_replayed() -> None:
+    x = torch.randn(1 << 16, device="cuda")
+    sets = _sets(x)
+    calls: list[int] = []
+
+    def counted(args: tuple, kwargs: dict) -> torch.Tensor:
+        calls.append(1)
+        return args[0].clone()
+
+    steady.bench_steady(counted, sets, 1, 2, scale=3, count=2 * len(sets))
+    assert len(calls) == 1 + 2 * (3 * 2 * len(sets))  # one warm call, then a side-stream run and the capture
+    assert steady.per_call_ms(counted, sets) > 0
+
+
+def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flyreg import search
+
+    x = torch.randn(1 << 16, device="cuda")
+    seen: list[tuple[int, int | None]] = []
+    real = search.bench_steady
+
+    def spy(call: Any, sets: Any, warmup: int, rep: int, prepare: Any = None, scale: int = 1,
+            count: int | None = None) -> Any:
+        seen.append((scale, count))
+        return real(call, sets, warmup, rep, prepare, scale, count)
+
+    monkeypatch.setattr(search, "bench_steady", spy)
+
+    def build(config: Config, spec: dict) -> Any:
+        def launch(x: torch.Tensor) -> torch.Tensor:
+            for _ in range(config.kwargs["K"]):  # eager calls of very different lengths
+                x = x * 1.0
+            return x
+        return launch
+
+    tuner = autotune_builder("shared_replay_probe", build, lambda x: {"n": x.numel()},
+                             [Config({"K": k}) for k in (1, 8, 64)])
+    tuner.tune(x, emit=False)
+    first_round = [count for scale, count in seen if scale == 1]
+    assert len(first_round) == 3 and first_round[0] is not None and len(set(first_round)) == 1
 
 
 def test_free_bytes_counts_torchs_cached_blocks() -> None:
