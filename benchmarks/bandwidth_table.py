@@ -28,13 +28,23 @@ def _best_peer(row: dict[str, Any]) -> tuple[str, float]:
     return name, peers[name]
 
 
-def _vs(row: dict[str, Any], peer: str) -> tuple[float, int]:
-    """flyreg's speed over ``peer``'s and how many back-to-back pairs it is the median of (0: the
-    one-pass ratio, where the run did not re-time the peer)."""
+def _vs(row: dict[str, Any], peer: str, band: float) -> tuple[float, int]:
+    """flyreg's speed over ``peer``'s and how many back-to-back pairs it is the median of: their
+    median where the run re-timed the peer and the row's ratio is within ``band`` of parity (with
+    ``--repeat``, a repeat may have re-timed a peer that the median of the repeats puts outside),
+    else the row's ratio and 0."""
+    ratio = row["flyreg"] / row[peer]
     pairs = row.get("recheck", {}).get(peer)
-    if pairs:
+    if pairs and abs(ratio - 1) <= band:
         return statistics.median(pairs), len(pairs)
-    return row["flyreg"] / row[peer], 0
+    return ratio, 0
+
+
+def _decisive(row: dict[str, Any], band: float) -> tuple[float, int, str] | None:
+    """The peer that flyreg is slowest against (by :func:`_vs`): ``(ratio, pairs, peer)``; None
+    without a peer or flyreg."""
+    peers = [(*_vs(row, p, band), p) for p in PEERS if row.get(p)] if row.get("flyreg") else []
+    return min(peers) if peers else None
 
 
 def _ratio(a: float | None, b: float | None, places: int = 3) -> str:
@@ -48,12 +58,14 @@ def table(data: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     digits = lambda v: f"{v:.3f}" if v < 1 else f"{v:.2f}"  # noqa: E731
     cell = lambda r, k: digits(r[k]) if r.get(k) else "-"  # noqa: E731
+    band = data.get("recheck_band", 0.0)
     for r in data["rows"]:
-        name, best = _best_peer(r)
+        _, best = _best_peer(r)
         fly = r.get("flyreg")
         vs = _ratio(fly, best)
-        if fly and name in r.get("recheck", {}):
-            vs += f" (pairs {_vs(r, name)[0]:.3f}x)"
+        decisive = _decisive(r, band)
+        if decisive and decisive[1]:
+            vs += f" (pairs {decisive[0]:.3f}x {decisive[2]})"
         cells = [r["M"], r["N"], cell(r, "flyreg"), f"{r['flyreg_us']:.1f}" if fly else "-",
                  f"{100 * fly / copy:.1f} %" if fly else "-", cell(r, "no_pdl"), cell(r, "default"),
                  _ratio(fly, r.get("default"), 2), *(cell(r, p) for p in PEERS),
@@ -71,15 +83,16 @@ def bars(data: dict[str, Any]) -> list[str]:
         sel = [pct(r) for r in rows if r["M"] == M and r["N"] >= N]
         span = f" ({min(sel):.1f} to {max(sel):.1f} %)" if sel else ""
         out.append(f"- M = {M}, N >= {N} at >= {bar} % of copy: {sum(p >= bar for p in sel)} of {len(sel)}{span}")
+    band = data.get("recheck_band", 0.0)
     losses = []
     for r in rows:
-        peers = [(*_vs(r, p), p) for p in PEERS if r.get(p)]
-        if peers and min(peers)[0] < 1:
-            v, pairs, name = min(peers)
+        decisive = _decisive(r, band)
+        if decisive and decisive[0] < 1:
+            v, pairs, name = decisive
             how = (f"median of {pairs} back-to-back pairs" if pairs
                    else f"{r['flyreg_us']:.2f} against {r[name + '_us']:.2f} us")
             losses.append(f"{r['M']} x {r['N']}: {v:.4f}x {name} ({how})")
-    paired = sum(1 for r in rows for p in r.get("recheck", {}) if r.get(p))
+    paired = sum(1 for r in rows for p in PEERS if r.get(p) and _vs(r, p, band)[1])
     out.append(f"- at least as fast as every peer: {len(rows) - len(losses)} of {len(rows)}"
                + (f" ({paired} peer cells within the recheck band decided by back-to-back pairs)" if paired else "")
                + (f"; slower on {'; '.join(losses)}" if losses else ""))

@@ -181,7 +181,8 @@ def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int, rec
         row[name] = nbytes / (ms * 1e-3) / 1e12
         row[f"{name}_us"] = ms * 1e3
     fly = row.get("flyreg")
-    close = [p for p in PEERS if fly and row.get(p) and abs(fly / row[p] - 1) <= recheck]
+    close = [p for p in PEERS
+             if recheck > 0 and rounds > 0 and fly and row.get(p) and abs(fly / row[p] - 1) <= recheck]
     for p in close:
         row.setdefault("recheck", {})[p] = paired_ratios(timed["flyreg"], timed[p], rounds,
                                                          lambda fns: steady_ms(fns, calls, reps))
@@ -224,6 +225,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="pairs per recheck; the table reports their median")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args()
+    if args.rounds < 1 or args.recheck < 0:
+        ap.error("--rounds must be at least 1 and --recheck at least 0")
     dtype = getattr(torch, args.dtype)
     copy = copy_tbps(args.reps)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, copy {copy:.2f} TB/s, {args.dtype}")
@@ -246,12 +249,12 @@ def main() -> None:
             for k in [k for k in row if k.endswith("_error")]:
                 print(f"       {k}: {row[k]}")
             for p, ratios in row.get("recheck", {}).items():
-                print(f"       flyreg / {p} in {len(ratios)} back-to-back pairs: median {statistics.median(ratios):.4f}x "
-                      f"({min(ratios):.4f} to {max(ratios):.4f})")
+                print(f"       flyreg / {p} in {len(ratios)} back-to-back pairs: "
+                      f"median {statistics.median(ratios):.4f}x ({min(ratios):.4f} to {max(ratios):.4f})")
             if args.json:  # after every row: an interrupted run keeps what it measured
                 with open(args.json, "w", encoding="utf-8") as f:
                     json.dump({"copy_tbps": copy, "device": torch.cuda.get_device_name(), "dtype": args.dtype,
-                               "torch": torch.__version__, "rows": rows}, f, indent=1)
+                               "torch": torch.__version__, "recheck_band": args.recheck, "rows": rows}, f, indent=1)
 
 
 def main_on_cuda(script: str, main: Callable[[], None]) -> None:

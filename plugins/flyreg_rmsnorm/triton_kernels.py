@@ -15,12 +15,13 @@ rounded value. On a GPU of compute capability 9.0 or later (Hopper) both launch 
 dependents (``launch_pdl``, see :func:`pdl_supported`): a launch may start while the kernel before
 it drains, and waits for that kernel's writes (``gdc_wait``) before its first load. Every address
 is the base pointer plus one element index, int32 where every index of the launch fits
-(:func:`needs_int64`), int64 otherwise; rows of stride N are indexed with the constexpr N
-(0.5 % faster than a runtime stride at 32768 x 12288 bf16 on the H200, where inductor's kernel
+(:func:`needs_int64`), int64 otherwise; rows of stride N are indexed with the constexpr N (0.4 to
+0.5 % faster than a runtime stride at 32768 x 12288 bf16 on the H200, where inductor's kernel
 indexes the same way).
 
-The chunked path's first pass loads with ``evict_last`` so that its second pass finds the row in L2 (without the hint it missed L2 once many rows were in flight, and ran about
-1.5x slower than a whole row on the H200).
+The chunked path's first pass loads with ``evict_last`` so that its second pass finds the row in
+L2 (without the hint it missed L2 once many rows were in flight, and ran about 1.5x slower than a
+whole row on the H200).
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def _dependent_start(PDL: tl.constexpr):
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
-# every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) is
-# the one bit of M a binary depends on. N is a constexpr: the chunk loops then have a known trip
-# count (unrolled, their loads in flight together) and a full tile's column mask folds away (on
-# the H200, up to 8 % of bandwidth for chunked rows at N >= 8192).
+# every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) and
+# OFF64 (whether M rows need int64 indices) are the bits of M a binary depends on. N is a
+# constexpr: the chunk loops then have a known trip count (unrolled, their loads in flight
+# together) and a full tile's column mask folds away (on the H200, up to 8 % of bandwidth for
+# chunked rows at N >= 8192).
 @triton.jit
 def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
     # This program's row indices: int32 where every element offset fits, else int64.
@@ -202,16 +204,20 @@ def needs_int64(M: int, N: int, BLOCK_N: int, ROWS: int, *row_strides: int) -> b
     included, so nothing wraps) exceeds :data:`INT32_MAX`, so the kernel must index in int64."""
     last_row = -(-M // ROWS) * ROWS - 1
     last_col = -(-N // BLOCK_N) * BLOCK_N - 1
-    return last_row * max(N, *row_strides) + last_col > INT32_MAX
+    return last_row * max((N, *row_strides)) + last_col > INT32_MAX
 
 
-def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int, pdl: bool, *row_strides: int) -> dict[str, int | bool]:
-    """The kernel's constexprs for a launch; ``row_strides`` are x's (and residual's) row strides."""
+def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int, pdl: bool, x_stride: int,
+                r_stride: int | None = None) -> dict[str, int | bool]:
+    """The constexprs of a launch of :func:`_rmsnorm_kernel` (x's row stride) or, with the
+    residual's row stride too, of :func:`_fused_add_rmsnorm_kernel`."""
+    strides = (x_stride,) if r_stride is None else (x_stride, r_stride)
+    dense = {"X_DENSE": x_stride == N, **({} if r_stride is None else {"R_DENSE": r_stride == N})}
     # No row mask when the programs cover M exactly (one row per program, always): with N a constexpr,
     # a one-row whole-row tile then has no mask at all.
-    dense = dict(zip(("X_DENSE", "R_DENSE"), (s == N for s in row_strides)))
-    return {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N, "MASK_ROWS": M % ROWS != 0,
-            "PDL": pdl, "OFF64": needs_int64(M, N, BLOCK_N, ROWS, *row_strides), **dense}
+    mask_rows = M % ROWS != 0
+    return {"N": N, "BLOCK_N": BLOCK_N, "ROWS": ROWS, "ONE_PASS": BLOCK_N >= N, "MASK_ROWS": mask_rows,
+            "PDL": pdl, "OFF64": needs_int64(M, N, BLOCK_N, ROWS, *strides), **dense}
 
 
 def _hints(num_warps: int | None, num_stages: int | None, pdl: bool = False) -> dict[str, int | bool]:

@@ -502,7 +502,9 @@ def test_gpu_int64_row_offsets() -> None:
 @pytest.mark.parametrize(("M", "N", "BLOCK_N", "ROWS", "strides", "last"), [
     (2, 64, 64, 1, (2**31 - 64,), 2**31 - 1),  # the last row ends exactly at INT32_MAX
     (2, 64, 64, 1, (2**31 - 63,), 2**31),
-    (3, 100, 64, 4, (100,), 3 * 100 + 127),  # a masked-off fourth row and 28 masked columns count
+    (3, 100, 64, 4, (100,), 3 * 100 + 127),
+    (3, 64, 64, 4, ((2**31 - 64) // 3 + 1,), 3 * ((2**31 - 64) // 3 + 1) + 63),  # only the masked 4th row passes
+    (2, 33, 64, 1, (2**31 - 63,), 2**31 - 63 + 63),  # only the masked columns 33..63 pass
     (65537, 32768, 4096, 1, (32768,), 65536 * 32768 + 32767),
     (32768, 12288, 2048, 1, (12288,), 32767 * 12288 + 2047 + 10240),
     (32768, 12288, 2048, 1, (12288, 65538), 32767 * 65538 + 12287),  # the widest row stride decides
@@ -538,7 +540,7 @@ def test_int64_and_int32_indexing_agree(monkeypatch: pytest.MonkeyPatch, config:
     for limit in (2**31 - 1, 100):
         monkeypatch.setattr(triton_kernels, "INT32_MAX", limit)
         assert triton_kernels.needs_int64(7, 50, config.kwargs["BLOCK_N"], config.kwargs["ROWS"], 90) is (limit == 100)
-        r = big_r[:, :50].clone()
+        r = big_r.clone()[:, :50]  # strided too: the residual's runtime row stride
         check_rmsnorm(backend, config, x, w)
         check_fused(backend, config, x, r, w)
         results[limit] = (backend.call(backend.rmsnorm, config, x, w, 1e-6), r)

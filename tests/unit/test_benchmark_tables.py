@@ -51,12 +51,17 @@ def test_repeats_merge_to_medians() -> None:
 def test_a_close_peer_is_decided_by_its_back_to_back_pairs() -> None:
     won_in_pairs = {**_row(32768, 12288, 4.27, 4.0, 4.28), "recheck": {"compile": [1.001, 0.999, 1.002]}}
     lost_in_pairs = {**_row(4096, 8192, 3.99, 3.99, 3.98), "recheck": {"compile": [0.998, 0.997, 1.003]}}
-    lines = bandwidth_table.bars({"copy_tbps": 4.0, "rows": [won_in_pairs, lost_in_pairs]})
+    lines = bandwidth_table.bars({"copy_tbps": 4.0, "recheck_band": 0.01, "rows": [won_in_pairs, lost_in_pairs]})
     assert "1 of 2 (2 peer cells within the recheck band decided by back-to-back pairs)" in lines[2]
     assert "slower on 4096 x 8192: 0.9980x compile (median of 3 back-to-back pairs)" in lines[2]
     assert "32768 x 12288" not in lines[2]
-    table = bandwidth_table.table({"copy_tbps": 4.0, "rows": [won_in_pairs]})
-    assert "| 0.998x (pairs 1.001x) |" in table[2]
+    table = bandwidth_table.table({"copy_tbps": 4.0, "recheck_band": 0.01, "rows": [won_in_pairs]})
+    assert "| 0.998x (pairs 1.001x compile) |" in table[2]
+    # pairs a repeat took, for a peer the repeats' median puts outside the band, do not decide
+    far = {**_row(32768, 12288, 4.27, 4.0, 4.40), "recheck": {"compile": [1.01, 1.02, 1.03]}}
+    far_lines = bandwidth_table.bars({"copy_tbps": 4.0, "recheck_band": 0.01, "rows": [far]})
+    assert "slower on 32768 x 12288: 0.9705x compile (0.23 against 0.23 us)" in far_lines[2]
+    assert "decided by back-to-back pairs" not in far_lines[2]
 
 
 def test_pairs_alternate_which_goes_first() -> None:
