@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmsnorm_bandwidth import EPS, main_on_cuda, rotating_inputs, steady_ms  # noqa: E402
 
-SHAPES = ("4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")
+SHAPES = ("4096x1536", "4096x2048", "4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")
 
 
 def main() -> None:

@@ -269,15 +269,18 @@ def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own:
     except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
         torch.cuda.empty_cache()
 
-    shared: list[int] = []  # calls of a replay, sized on the first candidate timed and kept for all
+    # scale -> calls of an unprepared replay at scale 1, sized on the first candidate timed at that
+    # scale and kept for the others: the first round's first candidate, the final round's fastest.
+    replay_calls: dict[int, int] = {}
 
     def time_one(launcher: Launcher, scale: int) -> BenchResult:
         pre = launcher.pre
         prepare = (lambda s: in_place.prepare(s, pre)) if in_place or pre else None
-        if prepare is None and not shared:
-            shared.append(calls_per_replay(len(sets), per_call_ms(launcher.raw, sets), False))
-        return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, prepare, scale,
-                            shared[0] if prepare is None else None)
+        if prepare is not None:
+            return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, prepare, scale)
+        if scale not in replay_calls:
+            replay_calls[scale] = calls_per_replay(len(sets), per_call_ms(launcher.raw, sets), False)
+        return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, None, scale, replay_calls[scale])
 
     return time_one
 

@@ -254,6 +254,8 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
     timed); their errors (and those of the side-stream run before capture) are the config's; a
     capture failure raises :class:`CaptureError`.
     """
+    if count is not None and count < 1:
+        raise ValueError(f"count must be at least 1, got {count!r}")
     first = sets[0]
     if prepare is not None:
         prepare(first)

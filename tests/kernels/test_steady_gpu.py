@@ -109,6 +109,9 @@ def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytes
         return real(call, sets, warmup, rep, prepare, scale, count)
 
     monkeypatch.setattr(search, "bench_steady", spy)
+    sized: list[int] = []
+    real_size = search.per_call_ms
+    monkeypatch.setattr(search, "per_call_ms", lambda call, sets: sized.append(1) or real_size(call, sets))
 
     def build(config: Config, spec: dict) -> Any:
         def launch(x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +125,7 @@ def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytes
     tuner.tune(x, emit=False)
     first_round = [count for scale, count in seen if scale == 1]
     assert len(first_round) == 3 and first_round[0] is not None and len(set(first_round)) == 1
+    assert len(sized) == 1 + any(scale > 1 for scale, _ in seen)  # once a round
 
 
 def test_free_bytes_counts_torchs_cached_blocks() -> None:
