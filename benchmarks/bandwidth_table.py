@@ -19,7 +19,7 @@ from typing import Any
 PEERS = ("torch", "compile", "liger")
 
 
-def _best_peer(row: dict[str, Any]) -> tuple[str, float]:
+def best_peer(row: dict[str, Any]) -> tuple[str, float]:
     """The fastest peer of a row and its TB/s; ``("-", 0.0)`` when every peer failed."""
     peers = {p: row[p] for p in PEERS if row.get(p)}
     if not peers:
@@ -60,7 +60,7 @@ def table(data: dict[str, Any]) -> list[str]:
     cell = lambda r, k: digits(r[k]) if r.get(k) else "-"  # noqa: E731
     band = data.get("recheck_band", 0.0)
     for r in data["rows"]:
-        _, best = _best_peer(r)
+        _, best = best_peer(r)
         fly = r.get("flyreg")
         vs = _ratio(fly, best)
         decisive = _decisive(r, band)
@@ -96,7 +96,7 @@ def bars(data: dict[str, Any]) -> list[str]:
     out.append(f"- at least as fast as every peer: {len(rows) - len(losses)} of {len(rows)}"
                + (f" ({paired} peer cells within the recheck band decided by back-to-back pairs)" if paired else "")
                + (f"; slower on {'; '.join(losses)}" if losses else ""))
-    off = [r for r in rows if r["default"] < r["flyreg"] / 1.05 or r["default"] < _best_peer(r)[1] / 1.05]
+    off = [r for r in rows if r["default"] < r["flyreg"] / 1.05 or r["default"] < best_peer(r)[1] / 1.05]
     beaten = [r for r in off if r["flyreg"] > r["default"]]
     out.append(f"- the default more than 5 % off (behind the tuned config or the best peer): {len(off)} shapes; "
                f"tuned faster on {len(beaten)}")

@@ -33,10 +33,6 @@ from typing import Any
 EPS = 1e-6
 
 
-def _rel_err(out: Any, ref: Any) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
 def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
     """The callables to time, keyed by their row label, and facts about the setup."""
     import torch
@@ -99,12 +95,12 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
         "(d1) the custom op's default overload": lambda: custom(x, w),
         "(e)  torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (N,), w, EPS),
     }
-    from rmsnorm_bandwidth import reference  # this script's folder is on sys.path when it runs
+    from rmsnorm_bandwidth import reference, rel_err  # this script's folder is on sys.path when it runs
 
     ref = reference(x, w, EPS)
     bad = {}
     for name, fn in fns.items():
-        err = _rel_err(fn(), ref)  # also compiles, loads and (for c) autotunes, outside the timing
+        err = rel_err(fn(), ref)  # also compiles, loads and (for c) autotunes, outside the timing
         if not err < 2e-2:
             bad[name] = err
     torch.cuda.synchronize()

@@ -38,9 +38,10 @@ import flyreg
 from flyreg import steady
 from flyreg.registry import REGISTRY
 
+from bandwidth_table import PEERS, best_peer  # this script's folder is on sys.path
+
 GRID_N = (128, 512, 1024, 1536, 2048, 2880, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
 GRID_M = (1, 32, 256, 4096, 32768)
-PEERS = ("torch", "compile", "liger")
 EPS = 1e-6
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 
@@ -99,11 +100,11 @@ def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[tor
     plugin = REGISTRY.plugin("rmsnorm")
     spec = plugin.specialize((x, w), {})
     default = plugin.default(spec)
-    default_bound = plugin.build(default, spec).bind((x, w), {"eps": EPS, **default.hints})
+    default_bound = bound(plugin, default, spec, x, w)
     tuner = flyreg.op("rmsnorm")
     served = tuner.resolve(x, w, EPS).config
     # The served config launched as a plain (not programmatic-dependent) kernel: what PDL adds.
-    no_pdl = plugin.build(served, spec).bind((x, w), {"eps": EPS, **served.hints, "pdl": False})
+    no_pdl = bound(plugin, served, spec, x, w, pdl=False)
     n = x.shape[-1]
     fns: dict[str, Callable[[torch.Tensor], Any]] = {
         "flyreg": lambda x: tuner(x, w, EPS),
@@ -123,6 +124,28 @@ def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[tor
 def reference(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """RMSNorm in float64, the check every measured implementation passes first."""
     return x.double() * torch.rsqrt(x.double().square().mean(-1, keepdim=True) + eps) * w.double()
+
+
+def call_bytes(x: torch.Tensor) -> int:
+    """Bytes an RMSNorm call on ``x`` moves: x read, y written, the weight read."""
+    return (2 * x.numel() + x.shape[-1]) * x.element_size()
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error of ``y`` against a float64 ``ref`` (:func:`reference`)."""
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def replay_calls(nbytes: int, nsets: int, inner: int = 50) -> int:
+    """Calls a replay for calls of ``nbytes``: ``inner``, four times that at 16 MB or less (short
+    calls), and at least one round through the ``nsets`` input sets."""
+    return max(inner if nbytes > (16 << 20) else 4 * inner, nsets)
+
+
+def bound(plugin: Any, config: Any, spec: dict[str, Any], x: torch.Tensor, w: torch.Tensor,
+          **options: Any) -> Callable[..., torch.Tensor]:
+    """The RMSNorm plugin's launcher of ``config`` bound to calls like ``(x, w, EPS)``."""
+    return plugin.build(config, spec).bind((x, w), {"eps": EPS, **config.hints, **options})
 
 
 def rotating_inputs(M: int, N: int, dtype: torch.dtype, min_sets: int = 1
@@ -158,18 +181,18 @@ def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int, rec
     ``row["recheck"][peer]`` as flyreg's speed over the peer's."""
     xs, ys, w = rotating_inputs(M, N, dtype)
     nsets = len(xs)
-    nbytes = (2 * M * N + N) * xs[0].element_size()
+    nbytes = call_bytes(xs[0])
     res = flyreg.resolve("rmsnorm", xs[0], w, EPS)
     row: dict[str, Any] = {"M": M, "N": N, "sets": nsets, "config": repr(res.config), "source": res.origin}
     ref = reference(xs[0], w)
-    calls = max(inner if nbytes > (16 << 20) else 4 * inner, nsets)  # short calls: more of them per replay
+    calls = replay_calls(nbytes, nsets, inner)
     row["copy@shape"] = nbytes / (steady_ms([lambda i=i: ys[i].copy_(xs[i]) for i in range(nsets)], calls, reps)
                                   * 1e-3) / 1e12
     timed: dict[str, list[Callable[[], Any]]] = {}
     for name, fn in implementations(xs[0], w).items():
         try:
             y = fn(xs[0])
-            err = ((y.double() - ref).norm() / ref.norm()).item()
+            err = rel_err(y, ref)
             if not err < TOL[dtype]:
                 raise AssertionError(f"relative error {err:.2e} against float64")
             timed[name] = [lambda x=x, fn=fn: fn(x) for x in xs]
@@ -238,9 +261,8 @@ def main() -> None:
             row = merged([measure_shape(M, N, dtype, args.inner, args.reps, args.recheck, args.rounds)
                           for _ in range(args.repeat)])
             rows.append(row)
-            peers = [row[p] for p in PEERS if row.get(p)]
-            fly = row.get("flyreg")
-            vs = min(fly / p for p in peers) if peers and fly else float("nan")
+            fly, best = row.get("flyreg"), best_peer(row)[1]
+            vs = fly / best if fly and best else float("nan")
             tuned_vs_default = fly / row["default"] if fly and row.get("default") else float("nan")
             cell = lambda k: f"{row[k]:7.2f}" if row.get(k) else f"{'-':>7}"  # noqa: E731
             print(f"{M:>6} {N:>6} {cell('flyreg')} {100 * (fly or 0) / copy:5.1f}% {cell('no_pdl')} {cell('default')} "

@@ -10,10 +10,11 @@ each as TB/s, % of a 2 GiB copy and the ratio to torch.compile. ``--tiles`` adds
 that were tried and dropped: a whole row cut into two or three power-of-two tiles (no lane masked
 off for N = 5120, 6144, 7168, 12288), and the whole row loaded with ``evict_first``.
 
-``--offsets`` adds the chunked path (one row a program) as a probe kernel with int64 and with
-int32 row offsets, as inductor indexes below 2**31 elements (for shapes that fit). ``--mirror``
+``--offsets`` adds session 4's chunked path (one row a program, a row pointer plus the column) as
+a probe kernel with int64 and with int32 row offsets (for shapes below 2**31 elements). ``--mirror``
 adds inductor's looped reduction written out (int32 offsets over a constant row stride, a
-``tl.where`` accumulator), each difference from the plugin switchable, and
+``tl.where`` accumulator, one index an address), each difference from session 4's kernel
+switchable, and
 the plugin's chunked kernel allocating its output each call as compile and flyreg do, and the
 chunked kernel launched through torch's static CUDA launcher as inductor launches. Every probe
 variant launches plainly (no PDL) unless ``--pdl``, which adds the 16- and 32-warp chunks launched
@@ -36,9 +37,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import copy_tbps, main_on_cuda, reference, rotating_inputs, steady_ms  # noqa: E402
+from rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
+                               rotating_inputs, steady_ms)
 
-EPS = 1e-6
 SHAPES = ("32768x7168", "32768x8192", "32768x12288", "4096x8192", "4096x12288", "256x8192", "256x16384",
           "32768x5120", "4096x5120", "32768x1024", "1x1024", "32x1024", "4096x512")
 
@@ -80,7 +81,7 @@ def _tiles_rmsnorm(X, W, Y, M, N, stride_x, eps, T0: tl.constexpr, T1: tl.conste
 
 
 @triton.jit
-def _chunked_rmsnorm(X, W, Y, M, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, OFF64: tl.constexpr):
+def _chunked_rmsnorm(X, W, Y, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, OFF64: tl.constexpr):
     # The plugin's chunked path (one row a program), with int64 or int32 row offsets.
     pid = tl.program_id(0)
     if OFF64:
@@ -189,7 +190,7 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
                                                        ROWS=rows, EVICT=evict, num_warps=warps))
 
     def chunked(block: int, warps: int, off64: bool) -> Callable[[int], Callable[[], Any]]:
-        return lambda i: (lambda: _chunked_rmsnorm[(M,)](xs[i], w, ys[i], M, N, EPS, N=N, BLOCK_N=block, OFF64=off64,
+        return lambda i: (lambda: _chunked_rmsnorm[(M,)](xs[i], w, ys[i], N, EPS, N=N, BLOCK_N=block, OFF64=off64,
                                                          num_warps=warps, num_stages=1))
 
     out: dict[str, Callable[[int], Callable[[], Any]]] = {"copy_": lambda i: (lambda: ys[i].copy_(xs[i]))}
@@ -263,23 +264,23 @@ def main() -> None:
     print(f"copy 2 GiB {copy:.3f} TB/s")
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
-        nbytes = (2 * M * N + N) * 2
         xs, ys, w = rotating_inputs(M, N, torch.bfloat16)
+        nbytes = call_bytes(xs[0])
         nsets = len(xs)
         ref = reference(xs[0], w)
-        calls = max(50 if nbytes > (16 << 20) else 200, nsets)
+        calls = replay_calls(nbytes, nsets)
         fns = variants(M, N, xs, ys, w, args.tiles, args.offsets, args.mirror, args.pdl and tk.pdl_supported(w.device))
-        fns = {"compile first": lambda i: (lambda: compiled(xs[i], (N,), w, EPS)),
-               "flyreg first": lambda i: (lambda: tuner(xs[i], w, EPS)), **fns}
-        fns["compile"] = lambda i: (lambda: compiled(xs[i], (N,), w, EPS))
-        fns["flyreg"] = lambda i: (lambda: tuner(xs[i], w, EPS))
+        peer = {"compile": lambda i: (lambda: compiled(xs[i], (N,), w, EPS)),
+                "flyreg": lambda i: (lambda: tuner(xs[i], w, EPS))}
+        # Each timed first and last: a drift over the run shows as a gap between the two.
+        fns = {**{f"{k} first": v for k, v in peer.items()}, **fns, **peer}
         rows = []
         for name, make in fns.items():
             calls_i = [make(i) for i in range(nsets)]
             ys[0].zero_()
             out = calls_i[0]()
             y = out if isinstance(out, torch.Tensor) and name != "copy_" else ys[0]
-            err = ((y.double() - ref).norm() / ref.norm()).item()
+            err = rel_err(y, ref)
             if name != "copy_" and not err < 1e-2:
                 print(f"  WRONG {name}: relative error {err:.2e}")
                 continue

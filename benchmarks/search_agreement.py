@@ -4,7 +4,7 @@
 
 For each bf16 shape it runs ``--searches`` forced searches of ``rmsnorm`` (the tuner as
 configured: steady timing, its tie band), then times every candidate the way
-``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs, 50 calls a replay, median of
+``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs, 50 calls a replay or 200 at 16 MB or less, median of
 ``--reps`` replays). It prints each candidate's search time(s) and benchmark time, and the
 regret of each search: the benchmark time of the config it picked over the best benchmark time.
 ``--target-ms`` sets the search's device time per replay (``flyreg.steady.TARGET_MS``);
@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import EPS, main_on_cuda, rotating_inputs, steady_ms  # noqa: E402
+from rmsnorm_bandwidth import (EPS, bound, call_bytes, main_on_cuda, replay_calls,  # noqa: E402
+                               rotating_inputs, steady_ms)
 
 SHAPES = ("4096x1536", "4096x2048", "4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")
 
@@ -43,7 +44,7 @@ def main() -> None:
     plugin = REGISTRY.plugin("rmsnorm")
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
-        xs, ys, w = rotating_inputs(M, N, torch.bfloat16)
+        xs, _, w = rotating_inputs(M, N, torch.bfloat16)
         tuner = flyreg.op("rmsnorm")
         if args.tie_band is not None:
             tuner.tie_band = args.tie_band
@@ -52,8 +53,9 @@ def main() -> None:
         default = plugin.default(spec)
         bench: dict[Config, float] = {}
         for config, _ in reports[0].timings:
-            bound = plugin.build(config, spec).bind((xs[0], w), {"eps": EPS, **config.hints})
-            bench[config] = steady_ms([lambda x=x, b=bound: b(x, w, EPS) for x in xs], max(50, len(xs)), args.reps)
+            launch = bound(plugin, config, spec, xs[0], w)
+            calls = replay_calls(call_bytes(xs[0]), len(xs))
+            bench[config] = steady_ms([lambda x=x, b=launch: b(x, w, EPS) for x in xs], calls, args.reps)
         best = min(bench.values())
         searched = [{c: r.median for c, r in rep.timings} for rep in reports]
         print(f"\n== M={M} N={N}: {len(bench)} candidates, {len(xs)} benchmark sets")

@@ -12,8 +12,8 @@ import torch
 
 from ._fileio import warn_once
 from .bench import BenchResult, device_kind, do_bench, warm_device
-from .steady import (CaptureError, InputSet, bench_steady, calls_per_replay, copy_budget, copy_inputs, free_bytes,
-                     per_call_ms, set_count, storages, viewed_bytes)
+from .steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
+                     set_count, storages, viewed_bytes)
 from .compare import mismatch
 from .config import Config, JSONScalar
 from .launch import Launcher, LaunchSignatureError, arg_name
@@ -279,7 +279,7 @@ def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own:
         if prepare is not None:
             return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, prepare, scale)
         if scale not in replay_calls:
-            replay_calls[scale] = calls_per_replay(len(sets), per_call_ms(launcher.raw, sets), False)
+            replay_calls[scale] = replay_length(launcher.raw, sets)
         return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, None, scale, replay_calls[scale])
 
     return time_one

@@ -237,6 +237,12 @@ def per_call_ms(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: li
     return statistics.median(replay_ms(calls, count, 1, 3, out_bytes=_out_bytes(out)))
 
 
+def replay_length(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet]) -> int:
+    """Calls of an unprepared replay at scale 1 for calls like ``call`` (:func:`calls_per_replay` of
+    its :func:`per_call_ms`)."""
+    return calls_per_replay(len(sets), per_call_ms(call, sets), False)
+
+
 def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet], warmup: int,
                  rep: int, prepare: Callable[[InputSet], None] | None = None, scale: int = 1,
                  count: int | None = None) -> BenchResult:
@@ -245,14 +251,13 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
     ``scale`` multiplies the measured work: the calls of a replay (:func:`calls_per_replay`) or,
     when each set runs once a replay, the timed replays. ``count`` is the calls of an unprepared
     replay at scale 1 (then ``count * scale`` a replay): candidates that are compared should share
-    it, since each replay's own overhead is spread over its calls. Without it, the replay is sized
-    from one eager call of this ``call``.
+    it, since each replay's own overhead is spread over its calls. Without it, it is this call's
+    :func:`replay_length`.
 
     ``prepare(set)`` readies one set for a call (restores or zeroes its in-place tensors, runs a
     pre-hook); with it, each set runs once a replay and every set is prepared before each replay.
-    One call runs eagerly first (and, to size an unprepared replay without ``count``, a second,
-    timed); their errors (and those of the side-stream run before capture) are the config's; a
-    capture failure raises :class:`CaptureError`.
+    One call runs eagerly first; its errors (and those of the side-stream run before capture) are
+    the config's; a capture failure raises :class:`CaptureError`.
     """
     if count is not None and count < 1:
         raise ValueError(f"count must be at least 1, got {count!r}")
@@ -262,15 +267,8 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
     out = call(first.args, first.kwargs)  # warm: the timed call below measures the call, not a first use
     if prepare is not None:
         count = len(sets)
-    elif count is not None:
-        count *= scale
     else:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = call(first.args, first.kwargs)
-        end.record()
-        end.synchronize()
-        count = calls_per_replay(len(sets), start.elapsed_time(end), False, scale)
+        count = (replay_length(call, sets) if count is None else count) * scale
 
     def prepare_all() -> None:
         for s in sets:

@@ -110,8 +110,8 @@ def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytes
 
     monkeypatch.setattr(search, "bench_steady", spy)
     sized: list[int] = []
-    real_size = search.per_call_ms
-    monkeypatch.setattr(search, "per_call_ms", lambda call, sets: sized.append(1) or real_size(call, sets))
+    real_size = search.replay_length
+    monkeypatch.setattr(search, "replay_length", lambda call, sets: sized.append(1) or real_size(call, sets))
 
     def build(config: Config, spec: dict) -> Any:
         def launch(x: torch.Tensor) -> torch.Tensor:
