@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("json_file")
     data = json.load(open(ap.parse_args().json_file, encoding="utf-8"))
     print(f"Copy (2 GiB, same run): {data['copy_tbps']:.2f} TB/s; {data['device']}, torch {data['torch']}, "
-          f"{data['dtype']}\n")
+          f"{data['dtype']}, weight {data.get('weights', 'shared')}\n")
     print("\n".join(table(data)))
     print()
     print("\n".join(bars(data)))

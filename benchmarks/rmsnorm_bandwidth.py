@@ -16,7 +16,14 @@ implementation alike. The copy reference is a 2 GiB ``copy_`` timed with events 
 calls (see :func:`copy_tbps`); ``copy@shape`` is ``y.copy_(x)`` at the call's own shape, in graphs
 (so it reads low from 512 MB up, like the graph-captured 2 GiB copy).
 
-    python benchmarks/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--repeat K] [--json out.json]
+Each input set has its own copy of the weight, as each layer of a model has its own: a call finds
+its weight in DRAM, not in the L2 where the call before it left it, as a search also times it
+(``--shared-weight``: one weight for every call). On the H200 a shared weight makes configs of few
+warps per program read up to 7 % faster at 4096 x 1536 and 2048 and leaves wide-warp configs as
+they are, so the two orders differ (``benchmarks/weight_residency.py``).
+
+    python benchmarks/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--repeat K] [--shared-weight]
+        [--json out.json]
 
 A peer within ``--recheck`` (1 %) of flyreg is timed again against flyreg in ``--rounds`` (5)
 back-to-back pairs, alternating which goes first: one pass over the grid moves a cell by up to
@@ -95,8 +102,8 @@ def _liger() -> Any:
     return lambda x, w: LigerRMSNormFunction.apply(x, w, EPS)
 
 
-def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], Any]]:
-    """Each implementation as a function of x (w and eps fixed), returning y."""
+def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[torch.Tensor, torch.Tensor], Any]]:
+    """Each implementation as a function of (x, w) for calls like ``(x, w)`` (eps fixed), returning y."""
     plugin = REGISTRY.plugin("rmsnorm")
     spec = plugin.specialize((x, w), {})
     default = plugin.default(spec)
@@ -106,18 +113,18 @@ def implementations(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[tor
     # The served config launched as a plain (not programmatic-dependent) kernel: what PDL adds.
     no_pdl = bound(plugin, served, spec, x, w, pdl=False)
     n = x.shape[-1]
-    fns: dict[str, Callable[[torch.Tensor], Any]] = {
-        "flyreg": lambda x: tuner(x, w, EPS),
-        "no_pdl": lambda x: no_pdl(x, w, EPS),
-        "default": lambda x: default_bound(x, w, EPS),
-        "torch": lambda x: torch.nn.functional.rms_norm(x, (n,), w, EPS),
+    fns: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+        "flyreg": lambda x, w: tuner(x, w, EPS),
+        "no_pdl": lambda x, w: no_pdl(x, w, EPS),
+        "default": lambda x, w: default_bound(x, w, EPS),
+        "torch": lambda x, w: torch.nn.functional.rms_norm(x, (n,), w, EPS),
     }
     compiled = _compiled()
     if compiled is not None:
-        fns["compile"] = lambda x: compiled(x, (n,), w, EPS)
+        fns["compile"] = lambda x, w: compiled(x, (n,), w, EPS)
     liger = _liger()
     if liger is not None:
-        fns["liger"] = lambda x: liger(x, w)
+        fns["liger"] = liger
     return fns
 
 
@@ -157,6 +164,11 @@ def rotating_inputs(M: int, N: int, dtype: torch.dtype, min_sets: int = 1
     return xs, [torch.empty_like(x) for x in xs], torch.rand(N, device="cuda", dtype=dtype) + 0.5
 
 
+def weight_copies(w: torch.Tensor, nsets: int, shared: bool = False) -> list[torch.Tensor]:
+    """A weight for each of ``nsets`` input sets: ``w`` and copies of it (``shared``: ``w`` each time)."""
+    return [w if shared or i == 0 else w.clone() for i in range(nsets)]
+
+
 def paired_ratios(a: list[Callable[[], Any]], b: list[Callable[[], Any]], rounds: int,
                   time: Callable[[list[Callable[[], Any]]], float]) -> list[float]:
     """``rounds`` ratios of b's time over a's (> 1: a is faster), each from the two timed back to
@@ -175,12 +187,14 @@ def paired_ratios(a: list[Callable[[], Any]], b: list[Callable[[], Any]], rounds
 
 
 def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int, recheck: float = 0.0,
-                  rounds: int = 5) -> dict[str, Any]:
+                  rounds: int = 5, shared_weight: bool = False) -> dict[str, Any]:
     """One row of the table. With ``recheck``, every peer within that fraction of flyreg is timed
     again against flyreg in ``rounds`` back-to-back pairs (:func:`paired_ratios`), kept under
-    ``row["recheck"][peer]`` as flyreg's speed over the peer's."""
+    ``row["recheck"][peer]`` as flyreg's speed over the peer's. Each set has its own weight unless
+    ``shared_weight``."""
     xs, ys, w = rotating_inputs(M, N, dtype)
     nsets = len(xs)
+    ws = weight_copies(w, nsets, shared_weight)
     nbytes = call_bytes(xs[0])
     res = flyreg.resolve("rmsnorm", xs[0], w, EPS)
     row: dict[str, Any] = {"M": M, "N": N, "sets": nsets, "config": repr(res.config), "source": res.origin}
@@ -191,11 +205,11 @@ def measure_shape(M: int, N: int, dtype: torch.dtype, inner: int, reps: int, rec
     timed: dict[str, list[Callable[[], Any]]] = {}
     for name, fn in implementations(xs[0], w).items():
         try:
-            y = fn(xs[0])
+            y = fn(xs[0], ws[0])
             err = rel_err(y, ref)
             if not err < TOL[dtype]:
                 raise AssertionError(f"relative error {err:.2e} against float64")
-            timed[name] = [lambda x=x, fn=fn: fn(x) for x in xs]
+            timed[name] = [lambda x=x, v=v, fn=fn: fn(x, v) for x, v in zip(xs, ws)]
             ms = steady_ms(timed[name], calls, reps)
         except Exception as e:  # a peer failing on a shape leaves its cell empty, with the reason
             row[name] = None
@@ -246,19 +260,24 @@ def main() -> None:
     ap.add_argument("--recheck", type=float, default=0.01,
                     help="time each peer within this fraction of flyreg again, in back-to-back pairs (0: never)")
     ap.add_argument("--rounds", type=int, default=5, help="pairs per recheck; the table reports their median")
+    ap.add_argument("--shared-weight", action="store_true",
+                    help="one weight for every call (it stays in L2) instead of a copy per input set")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args()
     if args.rounds < 1 or args.recheck < 0:
         ap.error("--rounds must be at least 1 and --recheck at least 0")
     dtype = getattr(torch, args.dtype)
     copy = copy_tbps(args.reps)
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, copy {copy:.2f} TB/s, {args.dtype}")
+    weights = "shared" if args.shared_weight else "per set"
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, copy {copy:.2f} TB/s, {args.dtype}, "
+          f"weight {weights}")
     print(f"{'M':>6} {'N':>6} {'flyreg':>7} {'%copy':>6} {'no_pdl':>7} {'default':>7} {'tuned/def':>9} "
           + " ".join(f"{p:>7}" for p in PEERS) + f" {'vs best':>7} {'copy@shape':>10}  source config")
     rows = []
     for M in args.M:
         for N in args.N:
-            row = merged([measure_shape(M, N, dtype, args.inner, args.reps, args.recheck, args.rounds)
+            row = merged([measure_shape(M, N, dtype, args.inner, args.reps, args.recheck, args.rounds,
+                                        args.shared_weight)
                           for _ in range(args.repeat)])
             rows.append(row)
             fly, best = row.get("flyreg"), best_peer(row)[1]
@@ -276,7 +295,8 @@ def main() -> None:
             if args.json:  # after every row: an interrupted run keeps what it measured
                 with open(args.json, "w", encoding="utf-8") as f:
                     json.dump({"copy_tbps": copy, "device": torch.cuda.get_device_name(), "dtype": args.dtype,
-                               "torch": torch.__version__, "recheck_band": args.recheck, "rows": rows}, f, indent=1)
+                               "torch": torch.__version__, "recheck_band": args.recheck, "weights": weights,
+                               "rows": rows}, f, indent=1)
 
 
 def main_on_cuda(script: str, main: Callable[[], None]) -> None:

@@ -4,11 +4,12 @@
 
 For each bf16 shape it runs ``--searches`` forced searches of ``rmsnorm`` (the tuner as
 configured: steady timing, its tie band), then times every candidate the way
-``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs, 50 calls a replay or 200 at 16 MB or less, median of
-``--reps`` replays). It prints each candidate's search time(s) and benchmark time, and the
+``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs with a weight copy each, 50 calls a
+replay or 200 at 16 MB or less, median of ``--reps`` replays). It prints each candidate's search time(s) and benchmark time, and the
 regret of each search: the benchmark time of the config it picked over the best benchmark time.
 ``--target-ms`` sets the search's device time per replay (``flyreg.steady.TARGET_MS``);
-``--tie-band`` the tuner's tie band.
+``--tie-band`` the tuner's tie band; ``--rotate-mb`` the bytes its inputs rotate through
+(``flyreg.steady.ROTATE_BYTES``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmsnorm_bandwidth import (EPS, bound, call_bytes, main_on_cuda, replay_calls,  # noqa: E402
-                               rotating_inputs, steady_ms)
+                               rotating_inputs, steady_ms, weight_copies)
 
 SHAPES = ("4096x1536", "4096x2048", "4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")
 
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--target-ms", type=float, default=None)
     ap.add_argument("--tie-band", type=float, default=None)
+    ap.add_argument("--rotate-mb", type=int, default=None)
     args = ap.parse_args()
     import flyreg
     from flyreg import steady
@@ -41,10 +43,13 @@ def main() -> None:
 
     if args.target_ms is not None:
         steady.TARGET_MS = args.target_ms
+    if args.rotate_mb is not None:
+        steady.ROTATE_BYTES = args.rotate_mb << 20
     plugin = REGISTRY.plugin("rmsnorm")
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
         xs, _, w = rotating_inputs(M, N, torch.bfloat16)
+        ws = weight_copies(w, len(xs))
         tuner = flyreg.op("rmsnorm")
         if args.tie_band is not None:
             tuner.tie_band = args.tie_band
@@ -55,7 +60,8 @@ def main() -> None:
         for config, _ in reports[0].timings:
             launch = bound(plugin, config, spec, xs[0], w)
             calls = replay_calls(call_bytes(xs[0]), len(xs))
-            bench[config] = steady_ms([lambda x=x, b=launch: b(x, w, EPS) for x in xs], calls, args.reps)
+            bench[config] = steady_ms([lambda x=x, v=v, b=launch: b(x, v, EPS) for x, v in zip(xs, ws)], calls,
+                                      args.reps)
         best = min(bench.values())
         searched = [{c: r.median for c, r in rep.timings} for rep in reports]
         print(f"\n== M={M} N={N}: {len(bench)} candidates, {len(xs)} benchmark sets")

@@ -11,7 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bandwidth_table  # noqa: E402
-from rmsnorm_bandwidth import merged, paired_ratios  # noqa: E402
+import torch  # noqa: E402
+from rmsnorm_bandwidth import merged, paired_ratios, weight_copies  # noqa: E402
 
 
 def _row(M: int, N: int, flyreg: float, default: float, compile_: float | None) -> dict[str, Any]:
@@ -82,3 +83,13 @@ def test_repeats_pool_their_pairs() -> None:
             {"M": 1, "flyreg": 1.0, "config": "c", "recheck": {"compile": [0.9], "liger": [1.2]}}]
     assert merged(rows)["recheck"] == {"compile": [1.0, 1.1, 0.9], "liger": [1.2]}
     assert "recheck" not in merged(rows[1:2])
+
+
+def test_each_input_set_gets_its_own_weight_unless_shared() -> None:
+    w = torch.rand(37) + 0.5
+    own = weight_copies(w, 4)
+    assert own[0] is w
+    assert len({t.data_ptr() for t in own}) == 4
+    assert all(torch.equal(t, w) for t in own)
+    shared = weight_copies(w, 4, shared=True)
+    assert len(shared) == 4 and all(t is w for t in shared)
