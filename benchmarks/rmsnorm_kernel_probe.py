@@ -18,7 +18,12 @@ switchable, and
 the plugin's chunked kernel allocating its output each call as compile and flyreg do, and the
 chunked kernel launched through torch's static CUDA launcher as inductor launches. Every probe
 variant launches plainly (no PDL) unless ``--pdl``, which adds the 16- and 32-warp chunks launched
-as programmatic dependents; the ``flyreg`` row is the op as served.
+as programmatic dependents; the ``flyreg`` row is the op as served. ``--evict`` adds the one-pass
+path (whole rows) with the plugin's indexing and each eviction hint switchable (x ``evict_first``,
+the weight ``evict_last``), next to the plugin's own kernel, both launched as served (PDL where
+supported).
+
+Each input set has its own weight, as in ``rmsnorm_bandwidth.py`` (``--shared-weight``: one).
 
 To read what inductor generated for the same shapes, run it with ``TORCHINDUCTOR_CACHE_DIR`` set
 to an empty directory: the kernels and their ``.best_config`` files land there.
@@ -35,10 +40,11 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
-                               rotating_inputs, steady_ms)
+                               rotating_inputs, steady_ms, weight_copies)
 
 SHAPES = ("32768x7168", "32768x8192", "32768x12288", "4096x8192", "4096x12288", "256x8192", "256x16384",
           "32768x5120", "4096x5120", "32768x1024", "1x1024", "32x1024", "4096x512")
@@ -129,8 +135,32 @@ def _mirror_rmsnorm(X, W, Y, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constex
         tl.store(yr + (c + off), (x * rstd * w).to(Y.dtype.element_ty), c < N)
 
 
+@triton.jit
+def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                     X_FIRST: tl.constexpr, W_LAST: tl.constexpr, PDL: tl.constexpr):
+    # The plugin's one-pass path on dense rows (one int32 index an address), eviction hints switchable.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < M)[:, None] & col_mask[None, :]
+    idx = rows[:, None] * N + cols[None, :]
+    if X_FIRST:
+        x = tl.load(X + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
+    if W_LAST:
+        w = tl.load(W + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    else:
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    tl.store(Y + idx, (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+
+
 def statically_launched(M: int, N: int, chunk: int, warps: int, xs: list[torch.Tensor], ys: list[torch.Tensor],
-                        w: torch.Tensor) -> Callable[[int], Callable[[], Any]] | None:
+                        ws: list[torch.Tensor]) -> Callable[[int], Callable[[], Any]] | None:
     """The plugin's chunked kernel launched as inductor launches its kernels (torch's static CUDA
     launcher), or None (with the reason printed) where this torch has none."""
     import tempfile
@@ -141,7 +171,7 @@ def statically_launched(M: int, N: int, chunk: int, warps: int, xs: list[torch.T
             from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
         except ImportError:
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
-        k = tk._rmsnorm_kernel.warmup(xs[0], w, ys[0], M, N, EPS, grid=(M,), **tk._constexprs(M, N, chunk, 1, False, N),
+        k = tk._rmsnorm_kernel.warmup(xs[0], ws[0], ys[0], M, N, EPS, grid=(M,), **tk._constexprs(M, N, chunk, 1, False, N),
                                       num_warps=warps, num_stages=1)
         k = k.result() if hasattr(k, "result") else k
         k._cubin_path = None
@@ -151,7 +181,7 @@ def statically_launched(M: int, N: int, chunk: int, warps: int, xs: list[torch.T
     except Exception as e:  # a private torch interface: report and go on
         print(f"  (no static launcher: {type(e).__name__}: {e})")
         return None
-    return lambda i: (lambda: launcher.run(M, 1, 1, torch.cuda.current_stream().cuda_stream, xs[i], w, ys[i], M, N,
+    return lambda i: (lambda: launcher.run(M, 1, 1, torch.cuda.current_stream().cuda_stream, xs[i], ws[i], ys[i], M, N,
                                            EPS))
 
 
@@ -169,9 +199,9 @@ def tiles_of(N: int, parts: int) -> tuple[int, int, int]:
     return t[0], t[1], t[2]
 
 
-def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor,
-             tiles: bool, offsets: bool = False, mirror: bool = False,
-             pdl: bool = False) -> dict[str, Callable[[int], Callable[[], Any]]]:
+def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], ws: list[torch.Tensor],
+             tiles: bool, offsets: bool = False, mirror: bool = False, pdl: bool = False,
+             evict: bool = False) -> dict[str, Callable[[int], Callable[[], Any]]]:
     """name -> (input set index -> call)."""
     from flyreg_rmsnorm import triton_kernels as tk
 
@@ -182,15 +212,15 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
         grid = (triton.cdiv(M, rows),)
         kw = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {})}
         consts = tk._constexprs(M, N, block, rows, pdl, N)
-        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], w, ys[i], M, N, EPS, **consts, **kw))
+        return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], ws[i], ys[i], M, N, EPS, **consts, **kw))
 
     def split(t: tuple[int, int, int], rows: int, warps: int, evict: bool) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
-        return lambda i: (lambda: _tiles_rmsnorm[grid](xs[i], w, ys[i], M, N, N, EPS, T0=t[0], T1=t[1], T2=t[2],
+        return lambda i: (lambda: _tiles_rmsnorm[grid](xs[i], ws[i], ys[i], M, N, N, EPS, T0=t[0], T1=t[1], T2=t[2],
                                                        ROWS=rows, EVICT=evict, num_warps=warps))
 
     def chunked(block: int, warps: int, off64: bool) -> Callable[[int], Callable[[], Any]]:
-        return lambda i: (lambda: _chunked_rmsnorm[(M,)](xs[i], w, ys[i], N, EPS, N=N, BLOCK_N=block, OFF64=off64,
+        return lambda i: (lambda: _chunked_rmsnorm[(M,)](xs[i], ws[i], ys[i], N, EPS, N=N, BLOCK_N=block, OFF64=off64,
                                                          num_warps=warps, num_stages=1))
 
     out: dict[str, Callable[[int], Callable[[], Any]]] = {"copy_": lambda i: (lambda: ys[i].copy_(xs[i]))}
@@ -214,7 +244,7 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
     if mirror and M * N < 2**31 and P >= 4096:
         def mirrored(chunk: int, warps: int, const: bool, where: bool) -> Callable[[int], Callable[[], Any]]:
             kw = dict(N=N, BLOCK_N=chunk, CONST_STRIDE=const, WHERE=where, num_warps=warps, num_stages=1)
-            return lambda i: (lambda: _mirror_rmsnorm[(M,)](xs[i], w, ys[i], N, EPS, **kw))
+            return lambda i: (lambda: _mirror_rmsnorm[(M,)](xs[i], ws[i], ys[i], N, EPS, **kw))
         for chunk, warps in ((2048, 16), (4096, 16)):
             for const, where in ((True, True), (False, True), (True, False), (False, False)):
                 tag = f"{'i32 const' if const else 'i64 stride'}{' where' if where else ''}"
@@ -223,21 +253,36 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], w: 
             kw2 = dict(N=N, BLOCK_N=chunk, CONST_STRIDE=True, WHERE=True, INDEX=True, num_warps=16, num_stages=1,
                        **options)
             out[f"mirror {chunk} w16 i32 index{' debug' if options else ''}"] = (
-                lambda kw2: lambda i: (lambda: _mirror_rmsnorm[(M,)](xs[i], w, ys[i], N, EPS, **kw2)))(kw2)
+                lambda kw2: lambda i: (lambda: _mirror_rmsnorm[(M,)](xs[i], ws[i], ys[i], N, EPS, **kw2)))(kw2)
         grid = (M,)
 
         def allocating(i: int) -> Callable[[], Any]:
             def call() -> torch.Tensor:
                 y = torch.empty_like(xs[i])
-                tk._rmsnorm_kernel[grid](xs[i], w, y, M, N, EPS, **tk._constexprs(M, N, 2048, 1, False, N),
+                tk._rmsnorm_kernel[grid](xs[i], ws[i], y, M, N, EPS, **tk._constexprs(M, N, 2048, 1, False, N),
                                          num_warps=16, num_stages=1)
                 return y
             return call
         out["chunk 2048 w16 allocating"] = allocating
         for chunk in (2048, 4096):
-            static = statically_launched(M, N, chunk, 16, xs, ys, w)
+            static = statically_launched(M, N, chunk, 16, xs, ys, ws)
             if static is not None:
                 out[f"chunk {chunk} w16 static launcher"] = static
+    if evict and M * N < 2**31 and P <= 16384:
+        served_pdl = tk.pdl_supported(xs[0].device)
+
+        def hinted(rows: int, warps: int, x_first: bool, w_last: bool) -> Callable[[int], Callable[[], Any]]:
+            grid = (triton.cdiv(M, rows),)
+            kw = dict(N=N, BLOCK_N=P, ROWS=rows, X_FIRST=x_first, W_LAST=w_last, PDL=served_pdl,
+                      num_warps=warps, **({"launch_pdl": True} if served_pdl else {}))
+            return lambda i: (lambda: _hinted_one_pass[grid](xs[i], ws[i], ys[i], M, EPS, **kw))
+        for rows in (r for r in (1, 2, 4) if r * P <= 16384 and r <= M):
+            for warps in (4, 8, 16):
+                if 128 * warps <= rows * P and rows * P // (32 * warps) <= 64:
+                    out[f"whole R{rows} w{warps} as served"] = plugin(P, rows, warps, pdl=served_pdl)
+                    for x_first, w_last in ((False, False), (False, True), (True, True)):
+                        tag = f"x {'evict_first' if x_first else '-'} w {'evict_last' if w_last else '-'}"
+                        out[f"hinted R{rows} w{warps} {tag}"] = hinted(rows, warps, x_first, w_last)
     if tiles and P != N:
         for t in {tiles_of(N, parts) for parts in (2, 3)}:
             if sum(t) < P:
@@ -253,6 +298,9 @@ def main() -> None:
     ap.add_argument("--offsets", action="store_true", help="also chunked rows with int32 against int64 row offsets")
     ap.add_argument("--pdl", action="store_true", help="also the wider chunks launched as programmatic dependents")
     ap.add_argument("--mirror", action="store_true", help="also inductor's looped reduction, each difference switchable")
+    ap.add_argument("--evict", action="store_true",
+                    help="also the plugin's one-pass path with eviction hints on x and the weight, as served (PDL)")
+    ap.add_argument("--shared-weight", action="store_true", help="one weight for every call, not a copy per set")
     args = ap.parse_args()
     import flyreg
     from flyreg_rmsnorm import triton_kernels as tk
@@ -265,13 +313,15 @@ def main() -> None:
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
         xs, ys, w = rotating_inputs(M, N, torch.bfloat16)
+        ws = weight_copies(w, len(xs), args.shared_weight)
         nbytes = call_bytes(xs[0])
         nsets = len(xs)
         ref = reference(xs[0], w)
         calls = replay_calls(nbytes, nsets)
-        fns = variants(M, N, xs, ys, w, args.tiles, args.offsets, args.mirror, args.pdl and tk.pdl_supported(w.device))
-        peer = {"compile": lambda i: (lambda: compiled(xs[i], (N,), w, EPS)),
-                "flyreg": lambda i: (lambda: tuner(xs[i], w, EPS))}
+        fns = variants(M, N, xs, ys, ws, args.tiles, args.offsets, args.mirror, args.pdl and tk.pdl_supported(w.device),
+                       args.evict)
+        peer = {"compile": lambda i: (lambda: compiled(xs[i], (N,), ws[i], EPS)),
+                "flyreg": lambda i: (lambda: tuner(xs[i], ws[i], EPS))}
         # Each timed first and last: a drift over the run shows as a gap between the two.
         fns = {**{f"{k} first": v for k, v in peer.items()}, **fns, **peer}
         rows = []
@@ -290,8 +340,9 @@ def main() -> None:
         peer = next(r[0] for r in rows if r[1] == "compile")
         print(f"\n== M={M} N={N}: {nsets} input sets, {calls} calls a replay; served {tuner.resolve(xs[0], w, EPS).config}")
         for i, (tbps, name, ms) in enumerate(rows):
-            if i < 12 or name in ("compile", "flyreg", "copy_") or "mirror" in name or "alloc" in name or "static" in name or "first" in name:
-                print(f"  {name:28s} {tbps:6.3f} TB/s {100 * tbps / copy:6.1f} %  {ms * 1e3:8.2f} us  "
+            if i < 12 or name in ("compile", "flyreg", "copy_") or "mirror" in name or "alloc" in name or "static" in name or "first" in name \
+                    or "hinted" in name or "served" in name:
+                print(f"  {name:44s} {tbps:6.3f} TB/s {100 * tbps / copy:6.1f} %  {ms * 1e3:8.2f} us  "
                       f"{tbps / peer:.3f}x compile")
 
 
