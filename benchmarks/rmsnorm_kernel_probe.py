@@ -40,7 +40,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+try:  # grid dependency control: Triton 3.3 and later (only --evict's kernel uses it)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
@@ -135,17 +138,19 @@ def _mirror_rmsnorm(X, W, Y, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constex
         tl.store(yr + (c + off), (x * rstd * w).to(Y.dtype.element_ty), c < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                     X_FIRST: tl.constexpr, W_LAST: tl.constexpr, PDL: tl.constexpr):
-    # The plugin's one-pass path on dense rows (one int32 index an address), eviction hints switchable.
+                     MASK_ROWS: tl.constexpr, X_FIRST: tl.constexpr, W_LAST: tl.constexpr, PDL: tl.constexpr):
+    # The plugin's one-pass path on dense rows (one int32 index an address, M not specialized, the
+    # row mask only where M % ROWS != 0), eviction hints switchable.
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    mask = (rows < M)[:, None] & col_mask[None, :]
+    row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
+    mask = row_mask & col_mask[None, :]
     idx = rows[:, None] * N + cols[None, :]
     if X_FIRST:
         x = tl.load(X + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -273,14 +278,14 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], ws:
 
         def hinted(rows: int, warps: int, x_first: bool, w_last: bool) -> Callable[[int], Callable[[], Any]]:
             grid = (triton.cdiv(M, rows),)
-            kw = dict(N=N, BLOCK_N=P, ROWS=rows, X_FIRST=x_first, W_LAST=w_last, PDL=served_pdl,
-                      num_warps=warps, **({"launch_pdl": True} if served_pdl else {}))
+            kw = dict(N=N, BLOCK_N=P, ROWS=rows, MASK_ROWS=M % rows != 0, X_FIRST=x_first, W_LAST=w_last,
+                      PDL=served_pdl, num_warps=warps, **({"launch_pdl": True} if served_pdl else {}))
             return lambda i: (lambda: _hinted_one_pass[grid](xs[i], ws[i], ys[i], M, EPS, **kw))
         for rows in (r for r in (1, 2, 4) if r * P <= 16384 and r <= M):
             for warps in (4, 8, 16):
                 if 128 * warps <= rows * P and rows * P // (32 * warps) <= 64:
                     out[f"whole R{rows} w{warps} as served"] = plugin(P, rows, warps, pdl=served_pdl)
-                    for x_first, w_last in ((False, False), (False, True), (True, True)):
+                    for x_first, w_last in ((False, False), (False, True), (True, False), (True, True)):
                         tag = f"x {'evict_first' if x_first else '-'} w {'evict_last' if w_last else '-'}"
                         out[f"hinted R{rows} w{warps} {tag}"] = hinted(rows, warps, x_first, w_last)
     if tiles and P != N:

@@ -1,6 +1,7 @@
 """Does a search rank RMSNorm configs as the bandwidth benchmark does? Its regret, shape by shape.
 
     python benchmarks/search_agreement.py [--shapes 4096x3584 4096x7168 ...] [--searches 2] [--target-ms 0.25]
+        [--rotate-mb 128] [--shared-weight]
 
 For each bf16 shape it runs ``--searches`` forced searches of ``rmsnorm`` (the tuner as
 configured: steady timing, its tie band), then times every candidate the way
@@ -9,7 +10,8 @@ replay or 200 at 16 MB or less, median of ``--reps`` replays). It prints each ca
 regret of each search: the benchmark time of the config it picked over the best benchmark time.
 ``--target-ms`` sets the search's device time per replay (``flyreg.steady.TARGET_MS``);
 ``--tie-band`` the tuner's tie band; ``--rotate-mb`` the bytes its inputs rotate through
-(``flyreg.steady.ROTATE_BYTES``).
+(``flyreg.steady.ROTATE_BYTES``, for the searches only); ``--shared-weight`` times the benchmark
+side with one weight for every call, as ``rmsnorm_bandwidth.py`` did before session 6.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--target-ms", type=float, default=None)
     ap.add_argument("--tie-band", type=float, default=None)
-    ap.add_argument("--rotate-mb", type=int, default=None)
+    ap.add_argument("--rotate-mb", type=int, default=None,
+                    help="bytes (MiB) the search's inputs rotate through (flyreg.steady.ROTATE_BYTES)")
+    ap.add_argument("--shared-weight", action="store_true",
+                    help="time the benchmark side with one weight for every call, not a copy per set")
     args = ap.parse_args()
     import flyreg
     from flyreg import steady
@@ -43,17 +48,20 @@ def main() -> None:
 
     if args.target_ms is not None:
         steady.TARGET_MS = args.target_ms
-    if args.rotate_mb is not None:
-        steady.ROTATE_BYTES = args.rotate_mb << 20
+    rotate = steady.ROTATE_BYTES if args.rotate_mb is None else args.rotate_mb << 20
     plugin = REGISTRY.plugin("rmsnorm")
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
         xs, _, w = rotating_inputs(M, N, torch.bfloat16)
-        ws = weight_copies(w, len(xs))
+        ws = weight_copies(w, len(xs), args.shared_weight)
         tuner = flyreg.op("rmsnorm")
         if args.tie_band is not None:
             tuner.tie_band = args.tie_band
-        reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
+        kept, steady.ROTATE_BYTES = steady.ROTATE_BYTES, rotate  # the search's only: the benchmark side keeps its own
+        try:
+            reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
+        finally:
+            steady.ROTATE_BYTES = kept
         spec = plugin.specialize((xs[0], w), {})
         default = plugin.default(spec)
         bench: dict[Config, float] = {}
