@@ -82,12 +82,6 @@ def _dependent_start(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-# M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
-# every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) and
-# OFF64 (whether M rows need int64 indices) are the bits of M a binary depends on. N is a
-# constexpr: the chunk loops then have a known trip count (unrolled, their loads in flight
-# together) and a full tile's column mask folds away (on the H200, up to 8 % of bandwidth for
-# chunked rows at N >= 8192).
 @triton.jit
 def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
     # This program's row indices: int32 where every element offset fits, else int64.
@@ -97,6 +91,12 @@ def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
     return pid * ROWS + tl.arange(0, ROWS)
 
 
+# M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
+# every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) and
+# OFF64 (whether M rows need int64 indices) are the bits of M a binary depends on. N is a
+# constexpr: the chunk loops then have a known trip count (unrolled, their loads in flight
+# together) and a full tile's column mask folds away (on the H200, up to 8 % of bandwidth for
+# chunked rows at N >= 8192).
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_kernel(
     X, W, Y, M, stride_x, eps,
