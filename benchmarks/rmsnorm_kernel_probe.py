@@ -140,9 +140,11 @@ def _mirror_rmsnorm(X, W, Y, stride_x, eps, N: tl.constexpr, BLOCK_N: tl.constex
 
 @triton.jit(do_not_specialize=["M"])
 def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                     MASK_ROWS: tl.constexpr, X_FIRST: tl.constexpr, W_LAST: tl.constexpr, PDL: tl.constexpr):
+                     MASK_ROWS: tl.constexpr, X_FIRST: tl.constexpr, W_LAST: tl.constexpr, W_AFTER: tl.constexpr,
+                     PDL: tl.constexpr):
     # The plugin's one-pass path on dense rows (one int32 index an address, M not specialized, the
-    # row mask only where M % ROWS != 0), eviction hints switchable.
+    # row mask only where M % ROWS != 0), eviction hints switchable; W_AFTER loads the weight only
+    # once the sum of squares is known (its address depends on the sum), as inductor orders it.
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -156,11 +158,15 @@ def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, RO
         x = tl.load(X + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     else:
         x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
+    ss = tl.sum(x * x, axis=1)
+    w_cols = cols
+    if W_AFTER:  # 0 * a finite sum is 0, and the compiler cannot fold it (the sum might be inf or nan)
+        w_cols = cols + (tl.min(ss, axis=0) * 0.0).to(tl.int32) * 64  # x 64: loads stay vectorized
     if W_LAST:
-        w = tl.load(W + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        w = tl.load(W + w_cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     else:
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        w = tl.load(W + w_cols, mask=col_mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(ss / N + eps)
     tl.store(Y + idx, (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=mask)
 
 
@@ -276,9 +282,10 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], ws:
     if evict and M * N < 2**31 and P <= 16384:
         served_pdl = tk.pdl_supported(xs[0].device)
 
-        def hinted(rows: int, warps: int, x_first: bool, w_last: bool) -> Callable[[int], Callable[[], Any]]:
+        def hinted(rows: int, warps: int, x_first: bool, w_last: bool,
+                   w_after: bool = False) -> Callable[[int], Callable[[], Any]]:
             grid = (triton.cdiv(M, rows),)
-            kw = dict(N=N, BLOCK_N=P, ROWS=rows, MASK_ROWS=M % rows != 0, X_FIRST=x_first, W_LAST=w_last,
+            kw = dict(N=N, BLOCK_N=P, ROWS=rows, MASK_ROWS=M % rows != 0, X_FIRST=x_first, W_LAST=w_last, W_AFTER=w_after,
                       PDL=served_pdl, num_warps=warps, **({"launch_pdl": True} if served_pdl else {}))
             return lambda i: (lambda: _hinted_one_pass[grid](xs[i], ws[i], ys[i], M, EPS, **kw))
         for rows in (r for r in (1, 2, 4) if r * P <= 16384 and r <= M):
@@ -288,6 +295,9 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], ws:
                     for x_first, w_last in ((False, False), (False, True), (True, False), (True, True)):
                         tag = f"x {'evict_first' if x_first else '-'} w {'evict_last' if w_last else '-'}"
                         out[f"hinted R{rows} w{warps} {tag}"] = hinted(rows, warps, x_first, w_last)
+                    for w_last in (False, True):
+                        tag = f"w after sum{' evict_last' if w_last else ''}"
+                        out[f"hinted R{rows} w{warps} {tag}"] = hinted(rows, warps, False, w_last, True)
     if tiles and P != N:
         for t in {tiles_of(N, parts) for parts in (2, 3)}:
             if sum(t) < P:

@@ -158,7 +158,7 @@ class RMSNormOp:
         what = "residual += x in place, then RMSNorm of it" if self.fused else "y = x / rms(x) * weight"
         return {
             "description": what,
-            "version": "2",
+            "version": "3",
             "structural": ["BLOCK_N", "ROWS", "ROW_BLOCK"],
             "restore_value": ["residual"] if self.fused else [],
             "ordered_axes": ["M"],

@@ -20,13 +20,15 @@ def _ptx(*args: str) -> str:
     return done.stdout
 
 
-def test_a_whole_row_loads_x_and_the_weight_in_vectors_before_the_reduction() -> None:
+def test_a_whole_row_loads_x_and_the_weight_kept_in_l2_in_vectors_before_the_reduction() -> None:
     out = _ptx("--M", "4096", "--N", "1024", "--block-n", "1024", "--warps", "4")
     lines = out.splitlines()
-    loads = [i for i, line in enumerate(lines) if "ld.global.v4" in line]
+    loads = [i for i, line in enumerate(lines) if "ld.global" in line and ".v4." in line]
     first_shuffle = next(i for i, line in enumerate(lines) if "shfl.sync" in line)
     # 1024 bf16 over 128 threads: one 16-byte load of x and one of the weight per thread.
     assert len(loads) == 2 and max(loads) < first_shuffle
+    x_load, w_load = (lines[i] for i in loads)
+    assert "evict_last" not in x_load and "evict_last" in w_load  # the weight stays in L2; x streams
     assert "griddepcontrol.wait" in out
 
 

@@ -229,6 +229,18 @@ def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
     assert {p.severity for p in problems} <= {"stale"}, problems
 
 
+def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> None:
+    # The rest of the toolchain is the H200's (CI's torch differs); the op's version is the kernels'.
+    shipped = Path(__file__).resolve().parents[2] / "offline_configs"
+    current = {op: flyreg.registry.REGISTRY.plugin(op).description.version for op in ("rmsnorm", "fused_add_rmsnorm")}
+    behind = []
+    for path in sorted(shipped.glob("*.json")):
+        art = json.loads(path.read_text())
+        if art["provenance"]["toolchain"]["op"] != current[art["op"]]:
+            behind.append(path.name)
+    assert not behind, f"{len(behind)} artifacts tuned on an older op version, e.g. {behind[:2]}"
+
+
 def test_the_shipped_artifacts_cover_every_gpu_workload_of_both_rmsnorm_ops() -> None:
     from flyreg.offline import artifact_filename, canonical_spec
 
