@@ -20,8 +20,8 @@ chunked kernel launched through torch's static CUDA launcher as inductor launche
 variant launches plainly (no PDL) unless ``--pdl``, which adds the 16- and 32-warp chunks launched
 as programmatic dependents; the ``flyreg`` row is the op as served. ``--evict`` adds the one-pass
 path (whole rows) with the plugin's indexing and each eviction hint switchable (x ``evict_first``,
-the weight ``evict_last``), next to the plugin's own kernel, both launched as served (PDL where
-supported).
+the weight ``evict_last``), and the weight loaded only after the sum of squares (as inductor orders
+it), next to the plugin's own kernel, both launched as served (PDL where supported).
 
 Each input set has its own weight, as in ``rmsnorm_bandwidth.py`` (``--shared-weight``: one).
 
@@ -158,14 +158,18 @@ def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, RO
         x = tl.load(X + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     else:
         x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
-    ss = tl.sum(x * x, axis=1)
+    # Loads are issued in source order and do not cross the reduction: the sum comes after the
+    # weight's load, as in the plugin, unless W_AFTER.
     w_cols = cols
     if W_AFTER:  # 0 * a finite sum is 0, and the compiler cannot fold it (the sum might be inf or nan)
+        ss = tl.sum(x * x, axis=1)
         w_cols = cols + (tl.min(ss, axis=0) * 0.0).to(tl.int32) * 64  # x 64: loads stay vectorized
     if W_LAST:
         w = tl.load(W + w_cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     else:
         w = tl.load(W + w_cols, mask=col_mask, other=0.0).to(tl.float32)
+    if not W_AFTER:
+        ss = tl.sum(x * x, axis=1)
     rstd = tl.rsqrt(ss / N + eps)
     tl.store(Y + idx, (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=mask)
 

@@ -20,16 +20,27 @@ def _ptx(*args: str) -> str:
     return done.stdout
 
 
-def test_a_whole_row_loads_x_and_the_weight_kept_in_l2_in_vectors_before_the_reduction() -> None:
-    out = _ptx("--M", "4096", "--N", "1024", "--block-n", "1024", "--warps", "4")
+def _vector_loads_before_the_reduction(out: str) -> list[str]:
     lines = out.splitlines()
     loads = [i for i, line in enumerate(lines) if "ld.global" in line and ".v4." in line]
     first_shuffle = next(i for i, line in enumerate(lines) if "shfl.sync" in line)
-    # 1024 bf16 over 128 threads: one 16-byte load of x and one of the weight per thread.
-    assert len(loads) == 2 and max(loads) < first_shuffle
-    x_load, w_load = (lines[i] for i in loads)
-    assert "evict_last" not in x_load and "evict_last" in w_load  # the weight stays in L2; x streams
+    assert max(loads) < first_shuffle
+    return [lines[i] for i in loads]
+
+
+def test_a_whole_row_loads_x_and_the_weight_kept_in_l2_in_vectors_before_the_reduction() -> None:
+    out = _ptx("--M", "4096", "--N", "1024", "--block-n", "1024", "--warps", "4")
+    loads = _vector_loads_before_the_reduction(out)
+    # 1024 bf16 over 128 threads: one 16-byte load of x and one of the weight per thread; only the
+    # weight's keeps its lines in L2 (x streams).
+    assert len(loads) == 2 and sum("evict_last" in line for line in loads) == 1
     assert "griddepcontrol.wait" in out
+
+
+def test_a_whole_fused_row_keeps_only_the_weight_in_l2() -> None:
+    out = _ptx("--M", "4096", "--N", "1024", "--block-n", "1024", "--warps", "4", "--fused")
+    loads = _vector_loads_before_the_reduction(out)
+    assert len(loads) == 3 and sum("evict_last" in line for line in loads) == 1  # x, residual, weight
 
 
 def test_no_pdl_compiles_without_grid_dependency_control() -> None:

@@ -236,7 +236,7 @@ def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> 
     behind = []
     for path in sorted(shipped.glob("*.json")):
         art = json.loads(path.read_text())
-        if art["provenance"]["toolchain"]["op"] != current[art["op"]]:
+        if art["provenance"]["toolchain"]["op"] != current.get(art["op"]):  # an unknown op counts as behind
             behind.append(path.name)
     assert not behind, f"{len(behind)} artifacts tuned on an older op version, e.g. {behind[:2]}"
 
