@@ -40,10 +40,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-try:  # grid dependency control: Triton 3.3 and later (only --evict's kernel uses it)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:
-    gdc_launch_dependents = gdc_wait = None
+
+from flyreg_rmsnorm.triton_kernels import _dependent_start
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
@@ -145,9 +143,7 @@ def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, RO
     # The plugin's one-pass path on dense rows (one int32 index an address, M not specialized, the
     # row mask only where M % ROWS != 0), eviction hints switchable; W_AFTER loads the weight only
     # once the sum of squares is known (its address depends on the sum), as inductor orders it.
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    _dependent_start(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N

@@ -232,9 +232,7 @@ def per_call_ms(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: li
     launch as well (two to three times the kernel for a call of a few microseconds). Raises
     :class:`CaptureError` when capture fails."""
     calls = [lambda s=s: call(s.args, s.kwargs) for s in sets]
-    out = calls[0]()
-    count = len(sets) * math.ceil(SIZING_CALLS / len(sets))
-    return statistics.median(replay_ms(calls, count, 1, 3, out_bytes=_out_bytes(out)))
+    return median_ms(calls, len(sets) * math.ceil(SIZING_CALLS / len(sets)), 3)
 
 
 def replay_length(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: list[InputSet]) -> int:
@@ -264,7 +262,7 @@ def bench_steady(call: Callable[[tuple[Any, ...], dict[str, Any]], Any], sets: l
     first = sets[0]
     if prepare is not None:
         prepare(first)
-    out = call(first.args, first.kwargs)  # warm: the timed call below measures the call, not a first use
+    out = call(first.args, first.kwargs)  # eager: its errors are the config's; its output sizes the rotation
     if prepare is not None:
         count = len(sets)
     else:
