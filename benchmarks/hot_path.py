@@ -43,8 +43,8 @@ def key_costs(device: str, calls: int, runs: int) -> dict[str, float]:
     import torch
 
     from flyreg import Config
-    from flyreg.builder import BuildCache
-    from flyreg.keys import cache_key, env_values, identity_of, normalize_spec, tensor_axes
+    from flyreg._runtime.builder import BuildCache
+    from flyreg._core.keys import cache_key, env_values, identity_of, normalize_spec, tensor_axes
 
     x = torch.randn(64, 128, device=device)
     w = torch.randn(128, device=device)
@@ -84,7 +84,7 @@ def call_overhead(device: str, calls: int, runs: int) -> dict[str, float]:
     import torch
 
     from flyreg import Config
-    from flyreg.builder import BuildCache
+    from flyreg._runtime.builder import BuildCache
 
     x = torch.randn(64, 128, device=device)
     w = torch.randn(128, device=device)

@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 import flyreg
-from flyreg import steady
-from flyreg.registry import REGISTRY
+from flyreg._search import steady
+from flyreg._plugins.registry import REGISTRY
 
 from bandwidth_table import PEERS, best_peer  # this script's folder is on sys.path
 
@@ -55,7 +55,7 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 
 def steady_ms(fns: list[Callable[[], Any]], inner: int, reps: int) -> float:
     """Median milliseconds per call of ``inner`` calls cycling through ``fns``, replayed as one CUDA graph
-    (:func:`flyreg.steady.median_ms`: the replay a search times with; outputs stay alive past the L2)."""
+    (:func:`flyreg._search.steady.median_ms`: the replay a search times with; outputs stay alive past the L2)."""
     return steady.median_ms(fns, inner, reps)
 
 

@@ -8,9 +8,9 @@ configured: steady timing, its tie band), then times every candidate the way
 ``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs with a weight copy each, 50 calls a
 replay or 200 at 16 MB or less, median of ``--reps`` replays). It prints each candidate's search time(s) and benchmark time, and the
 regret of each search: the benchmark time of the config it picked over the best benchmark time.
-``--target-ms`` sets the search's device time per replay (``flyreg.steady.TARGET_MS``);
+``--target-ms`` sets the search's device time per replay (``flyreg._search.steady.TARGET_MS``);
 ``--tie-band`` the tuner's tie band; ``--rotate-mb`` the bytes its inputs rotate through
-(``flyreg.steady.ROTATE_BYTES``, for the searches only); ``--shared-weight`` times the benchmark
+(``flyreg._search.steady.ROTATE_BYTES``, for the searches only); ``--shared-weight`` times the benchmark
 side with one weight for every call, as ``rmsnorm_bandwidth.py`` did before session 6.
 """
 
@@ -37,14 +37,14 @@ def main() -> None:
     ap.add_argument("--target-ms", type=float, default=None)
     ap.add_argument("--tie-band", type=float, default=None)
     ap.add_argument("--rotate-mb", type=int, default=None,
-                    help="bytes (MiB) the search's inputs rotate through (flyreg.steady.ROTATE_BYTES)")
+                    help="bytes (MiB) the search's inputs rotate through (flyreg._search.steady.ROTATE_BYTES)")
     ap.add_argument("--shared-weight", action="store_true",
                     help="time the benchmark side with one weight for every call, not a copy per set")
     args = ap.parse_args()
     import flyreg
-    from flyreg import steady
+    from flyreg._search import steady
     from flyreg import Config
-    from flyreg.registry import REGISTRY
+    from flyreg._plugins.registry import REGISTRY
 
     if args.target_ms is not None:
         steady.TARGET_MS = args.target_ms

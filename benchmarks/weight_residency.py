@@ -25,8 +25,8 @@ CASES = {"4096x1536": [(2048, 1, 4), (2048, 4, 16), (2048, 2, 8)], "4096x2048": 
 
 def main() -> None:
     from flyreg import Config
-    from flyreg.registry import REGISTRY
-    from flyreg.steady import copy_inputs, set_count, viewed_bytes
+    from flyreg._plugins.registry import REGISTRY
+    from flyreg._search.steady import copy_inputs, set_count, viewed_bytes
     plugin = REGISTRY.plugin("rmsnorm")
     for shape, knobs in CASES.items():
         M, N = (int(v) for v in shape.split("x"))

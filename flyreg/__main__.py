@@ -1,3 +1,3 @@
-from .cli import main
+from flyreg._cli.main import main
 
 main()

@@ -21,7 +21,8 @@ def isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("XDG_CACHE_HOME", str(dirs["xdg_cache"]))
     monkeypatch.delenv("FLYREG_AUTOTUNE", raising=False)
     monkeypatch.delenv("FLYREG_DISABLE_OPS", raising=False)
-    from flyreg import _fileio, offline
+    from flyreg._core import fileio as _fileio
+    from flyreg._artifacts import store as offline
 
     offline._index.clear()
     _fileio._warned.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flyreg.config import Config
+from flyreg.plugin import Config
 
 ROW_BUCKETS = (1, 32, 256, 4096, 32768)
 _ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from flyreg.offline import load_artifact
+from flyreg._artifacts.store import load_artifact
 
 SCRIPT = Path(sys.executable).with_name("flyreg")
 CPU_WORKLOADS = 8  # rmsnorm's default CPU workloads: M in (32, 256) x N in (1024, 4096) x 2 dtypes

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from flyreg.keys import identity_of
-from flyreg.offline import artifact_filename
+from flyreg._core.keys import identity_of
+from flyreg._artifacts.store import artifact_filename
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "thirdparty" / "flyreg-scale"
@@ -90,7 +90,7 @@ def first_process(site: Path, dirs: dict[str, Path]) -> Any:
     return run_python(site, """
         import json, os, sys, torch
         import flyreg
-        from flyreg import registry
+        from flyreg._plugins import registry
 
         assert "flyreg_scale" not in sys.modules  # nothing is imported before an op is used
         listed = [[i.name, i.distribution, i.version, i.status, i.error, list(i.structural or ())]

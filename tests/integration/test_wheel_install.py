@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, sys
-import flyreg.offline as offline
-from flyreg.keys import DeviceIdentity
-from flyreg.registry import REGISTRY
+import flyreg._artifacts.store as offline
+from flyreg._core.keys import DeviceIdentity
+from flyreg._plugins.registry import REGISTRY
 
 shipped = offline.shipped_config_dir()
 spec = json.loads(sys.argv[1])

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from flyreg.registry import REGISTRY, build_tuner
+from flyreg._plugins.registry import REGISTRY, build_tuner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import flyreg
-from flyreg.launch import bind_launcher
-from flyreg.registry import REGISTRY
+from flyreg._runtime.launch import bind_launcher
+from flyreg._plugins.registry import REGISTRY
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flyreg import Config, autotune_builder
-from flyreg import steady
+from flyreg._search import steady
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -97,7 +97,7 @@ def test_a_given_replay_length_is_the_one_replayed() -> None:
 
 
 def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyreg import search
+    from flyreg._search import engine as search
 
     x = torch.randn(1 << 16, device="cuda")
     seen: list[tuple[int, int | None]] = []

@@ -1,7 +1,7 @@
 """Calls made while a CUDA graph is being captured: a new key is served from the scratch cache, an
 offline artifact or the default, never searched; a resolved key just launches.
 
-On the CPU the capture state is the one thing faked (``flyreg.tuner.capturing``); the kernels, the
+On the CPU the capture state is the one thing faked (``flyreg._runtime.tuner.capturing``); the kernels, the
 lookups and the counters are real. The ``gpu`` tests capture real graphs and replay them.
 """
 
@@ -15,12 +15,16 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, FlyregWarning, _fileio, cache, offline, tuner as tuner_mod
-from flyreg.builder import BuildCache
-from flyreg.keys import identity_of
-from flyreg.offline import emit_artifact
-from flyreg.registry import REGISTRY, build_tuner
-from flyreg.tuner import GraphCaptureError, capturing
+from flyreg import Config, FlyregWarning
+from flyreg._core import fileio as _fileio
+from flyreg._artifacts import cache
+from flyreg._artifacts import store as offline
+from flyreg._runtime import tuner as tuner_mod
+from flyreg._runtime.builder import BuildCache
+from flyreg._core.keys import identity_of
+from flyreg._artifacts.store import emit_artifact
+from flyreg._plugins.registry import REGISTRY, build_tuner
+from flyreg._runtime.tuner import GraphCaptureError, capturing
 
 CHUNKS = (1, 16, 256)
 DEFAULT = Config({"CHUNK": 16})

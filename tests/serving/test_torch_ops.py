@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from flyreg.registry import REGISTRY
+from flyreg._plugins.registry import REGISTRY
 
 TORCH_OPS_NEEDED = pytest.mark.skipif(not hasattr(torch.library, "register_fake"), reason="needs torch >= 2.4")
 pytestmark = TORCH_OPS_NEEDED

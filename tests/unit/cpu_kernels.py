@@ -14,7 +14,7 @@ import torch
 
 import flyreg
 from flyreg import Config
-from flyreg.builder import BuildCache
+from flyreg._runtime.builder import BuildCache
 
 #: Small counts keep every search in the suite fast.
 FAST = {"warmup": 1, "rep": 3}
@@ -23,7 +23,7 @@ FAST = {"warmup": 1, "rep": 3}
 def launches_per_search(tuner: Any) -> int:
     """Launches the searches of ``tuner`` made (with FAST counts): every candidate's reps, then the
     final round's longer ones."""
-    from flyreg.search import FINAL_SCALE
+    from flyreg._search.engine import FINAL_SCALE
 
     warmup, rep = FAST["warmup"], FAST["rep"]
     return tuner.stats.benchmarks * (warmup + rep) + tuner.stats.retimed * (warmup + rep * FINAL_SCALE)

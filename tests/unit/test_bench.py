@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flyreg import BenchResult, do_bench
-from flyreg import bench as bench_mod
+from flyreg._search import bench as bench_mod
 
 from cpu_kernels import chunked_double
 

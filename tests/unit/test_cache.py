@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from flyreg import FlyregWarning, _fileio, cache
+from flyreg import FlyregWarning
+
+from flyreg._core import fileio as _fileio
+
+from flyreg._artifacts import cache
 
 from cpu_kernels import double_op, inputs
 
 WRITER = """
 import sys
-from flyreg import cache
+from flyreg._artifacts import cache
 worker = int(sys.argv[1])
 for i in range(int(sys.argv[2])):
     cache.store("shared_op", f"w{worker}-{i}", {"config": {"kwargs": {"CHUNK": i}, "hints": {}}, "worker": worker})

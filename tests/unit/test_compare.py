@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flyreg.compare import TOLERANCES, mismatch
+from flyreg._search.gate import TOLERANCES, mismatch
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCES))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import flyreg
-from flyreg import registry
-from flyreg.builder import BUILD_CACHE
-from flyreg.keys import identity_of
-from flyreg.offline import artifact_filename
+from flyreg._plugins import registry
+from flyreg._runtime.builder import BUILD_CACHE
+from flyreg._core.keys import identity_of
+from flyreg._artifacts.store import artifact_filename
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugin_authoring.md"
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.S | re.M)

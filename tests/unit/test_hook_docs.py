@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from flyreg import hookspecs
-from flyreg.plugin import DESCRIBE_KEYS
+from flyreg._plugins import hookspecs
+from flyreg._plugins.manager import DESCRIBE_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "plugin_authoring.md"

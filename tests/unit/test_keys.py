@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, cache, keys
-from flyreg.builder import BuildCache
-from flyreg.keys import DeviceIdentity, cache_key, env_values, identity_of, normalize_spec, stride_pattern, tensor_axes
+from flyreg import Config
+from flyreg._artifacts import cache
+from flyreg._core import keys
+from flyreg._runtime.builder import BuildCache
+from flyreg._core.keys import DeviceIdentity, cache_key, env_values, identity_of, normalize_spec, stride_pattern, tensor_axes
 
 from cpu_kernels import FAST, chunked_double
 

@@ -90,7 +90,7 @@ def test_search_binds_every_candidate_before_timing_any_on_a_thread_pool(monkeyp
 
 @pytest.mark.parametrize("raw", ["0", "-2", "many"])
 def test_compile_threads_must_be_a_positive_int(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    from flyreg.search import compile_threads
+    from flyreg._search.engine import compile_threads
 
     monkeypatch.setenv("FLYREG_COMPILE_THREADS", raw)
     with pytest.raises(ValueError, match="FLYREG_COMPILE_THREADS must be a positive int"):

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, FlyregWarning, cache, offline
-from flyreg.builder import BuildCache
-from flyreg.keys import DeviceIdentity, identity_of
-from flyreg.offline import emit_artifact, load_artifact
+from flyreg import Config, FlyregWarning
+from flyreg._artifacts import cache
+from flyreg._artifacts import store as offline
+from flyreg._runtime.builder import BuildCache
+from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._artifacts.store import emit_artifact, load_artifact
 
 from cpu_kernels import FAST, double_op, inputs, launches_per_search
 
@@ -248,7 +250,7 @@ def test_equal_scalars_of_other_types_are_other_keys(flags: tuple[Any, ...]) -> 
 
 
 def test_ever_new_scalars_keep_the_bound_table_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyreg import tuner as tuner_mod
+    from flyreg._runtime import tuner as tuner_mod
 
     monkeypatch.setattr(tuner_mod, "MAX_BOUND", 8)
     tuner, built_for = _list_op("bounded")

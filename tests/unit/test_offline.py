@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 
 import flyreg
 from flyreg import Config, FlyregWarning
-from flyreg import _fileio, offline
-from flyreg.builder import BuildCache
-from flyreg.keys import DeviceIdentity, identity_of
-from flyreg.offline import OfflineStore, artifact_filename, canonical_spec, emit_artifact, parse_filename
-from flyreg.validate import check_artifacts
+from flyreg._core import fileio as _fileio
+from flyreg._artifacts import store as offline
+from flyreg._runtime.builder import BuildCache
+from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._artifacts.store import OfflineStore, artifact_filename, canonical_spec, emit_artifact, parse_filename
+from flyreg._artifacts.validate import check_artifacts
 
 OP = "chunk_sum"
 N = 4096
@@ -112,7 +113,7 @@ def test_emit_then_fresh_tuner_serves_artifact_without_benchmarks(
     assert data["op"] == OP and data["spec"] == SPEC and data["device"] == CPU.to_json()
     assert Config.from_json(data["config"]) == report.winner
     prov = data["provenance"]
-    assert data["schema"] == offline.SCHEMA and prov["toolchain"] == flyreg.keys.fingerprint("0")
+    assert data["schema"] == offline.SCHEMA and prov["toolchain"] == flyreg._core.keys.fingerprint("0")
     assert prov["time_ms"] == report.winner_ms and prov["default_ms"] == report.default_ms
     assert prov["date"] and (prov["default_ms"] is None or prov["default_ms"] > prov["time_ms"])
 
@@ -489,7 +490,7 @@ DEVICE_NAMES = st.sampled_from([CPU.name, "Other_CPU", "NVIDIA_H200", "Intel Xeo
 def _valid(config: int, n: Any, dtype: Any, op: str, device: dict[str, str], toolchain: bool) -> dict[str, Any]:
     return {"schema": 1, "op": op, "spec": {"N": n, "dtype": dtype}, "device": device,
             "config": {"kwargs": {"CHUNK": config}, "hints": {}},
-            "provenance": {"toolchain": flyreg.keys.fingerprint("0") if toolchain else {"torch": "0"}}}
+            "provenance": {"toolchain": flyreg._core.keys.fingerprint("0") if toolchain else {"torch": "0"}}}
 
 
 

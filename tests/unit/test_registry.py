@@ -23,12 +23,13 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, hookimpl, registry
-from flyreg.builder import BUILD_CACHE
-from flyreg.keys import identity_of
-from flyreg.offline import artifact_filename, emit_artifact
-from flyreg.plugin import DESCRIBE_KEYS, OpPlugin, PluginError
-from flyreg.registry import OpUnavailableError, Registry, UnknownOpError
+from flyreg import Config, hookimpl
+from flyreg._plugins import registry
+from flyreg._runtime.builder import BUILD_CACHE
+from flyreg._core.keys import identity_of
+from flyreg._artifacts.store import artifact_filename, emit_artifact
+from flyreg._plugins.manager import DESCRIBE_KEYS, OpPlugin, PluginError
+from flyreg._plugins.registry import OpUnavailableError, Registry, UnknownOpError
 
 ROWS = (1, 16, 256)
 
@@ -722,13 +723,13 @@ def test_in_tree_and_thirdparty_plugins_pass_the_check(monkeypatch: pytest.Monke
 # -- flyreg tune's view of an existing artifact ----------------------------------------------------------
 
 def _plan(out_dir: Path) -> list[Any]:
-    from flyreg.tune_jobs import plan_jobs
+    from flyreg._cli.tune_jobs import plan_jobs
 
     return plan_jobs(["rowscale"], [], "cpu", out_dir, force=False)
 
 
 def test_tune_skips_only_an_artifact_lookup_would_serve(empty_registry: Registry, tmp_path: Path) -> None:
-    from flyreg.keys import DeviceIdentity
+    from flyreg._core.keys import DeviceIdentity
 
     flyreg.register(RowScale(), name="rowscale")
     cpu = identity_of(None)

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import BenchResult, Config, FlyregWarning, TuneError, cache, search
-from flyreg.builder import BuildCache
-from flyreg.search import pick_winner
+from flyreg import BenchResult, Config, FlyregWarning, TuneError
+from flyreg._artifacts import cache
+from flyreg._search import engine as search
+from flyreg._runtime.builder import BuildCache
+from flyreg._search.engine import pick_winner
 
 from cpu_kernels import FAST, chunked_accumulate, chunked_double, double_op, inputs, launches_per_search
 
@@ -475,7 +477,7 @@ def test_the_default_stays_when_the_measurement_cannot_tell_it_from_the_fastest(
 
 
 def test_warm_device_runs_nothing_off_cuda() -> None:
-    from flyreg.bench import warm_device
+    from flyreg._search.bench import warm_device
 
     calls: list[int] = []
     assert warm_device(lambda: calls.append(1), "cpu") == 0 and not calls

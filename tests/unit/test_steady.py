@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flyreg import steady
-from flyreg.search import InPlace
+from flyreg._search import steady
+from flyreg._search.engine import InPlace
 
 
 def test_copies_are_new_memory_with_equal_values() -> None:

@@ -1,4 +1,4 @@
-"""flyreg.validate.check_artifacts: what ``flyreg check`` reports about a directory of artifacts."""
+"""flyreg._artifacts.validate.check_artifacts: what ``flyreg check`` reports about a directory of artifacts."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import flyreg
-import flyreg.registry
+import flyreg._plugins.registry
 from flyreg import Config
-from flyreg.builder import BuildCache
-from flyreg.keys import DeviceIdentity, fingerprint, identity_of
-from flyreg.offline import artifact_filename, emit_artifact
-from flyreg.validate import Problem, check_artifacts
+from flyreg._runtime.builder import BuildCache
+from flyreg._core.keys import DeviceIdentity, fingerprint, identity_of
+from flyreg._artifacts.store import artifact_filename, emit_artifact
+from flyreg._artifacts.validate import Problem, check_artifacts
 
 OP = "validate_sum"
 CPU = identity_of(None)
@@ -163,7 +163,7 @@ def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: P
     from flyreg_rmsnorm.ops import SPEC_AXES
 
     assert sorted(data["spec"]) == sorted(SPEC_AXES)
-    problems = check_artifacts([tmp_path], {"rmsnorm": "2"}, accepts=flyreg.registry.accepts)
+    problems = check_artifacts([tmp_path], {"rmsnorm": "2"}, accepts=flyreg._plugins.registry.accepts)
     assert [p.severity for p in problems] in ([], ["stale"]), problems
     shipped = Path(__file__).resolve().parents[2] / "offline_configs" / name
     if shipped.is_file():  # the example is the shipped H200 artifact of that spec
@@ -225,14 +225,14 @@ def test_artifacts_of_unusable_ops_are_a_warning_not_unknown(tuned: Path, status
 
 def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
     shipped = Path(__file__).resolve().parents[2] / "offline_configs"
-    problems = check_artifacts([shipped], {"rmsnorm": "1", "fused_add_rmsnorm": "1"}, accepts=flyreg.registry.accepts)
+    problems = check_artifacts([shipped], {"rmsnorm": "1", "fused_add_rmsnorm": "1"}, accepts=flyreg._plugins.registry.accepts)
     assert {p.severity for p in problems} <= {"stale"}, problems
 
 
 def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> None:
     # The rest of the toolchain is the H200's (CI's torch differs); the op's version is the kernels'.
     shipped = Path(__file__).resolve().parents[2] / "offline_configs"
-    current = {op: flyreg.registry.REGISTRY.plugin(op).description.version for op in ("rmsnorm", "fused_add_rmsnorm")}
+    current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).description.version for op in ("rmsnorm", "fused_add_rmsnorm")}
     behind = []
     for path in sorted(shipped.glob("*.json")):
         art = json.loads(path.read_text())
@@ -242,11 +242,11 @@ def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> 
 
 
 def test_the_shipped_artifacts_cover_every_gpu_workload_of_both_rmsnorm_ops() -> None:
-    from flyreg.offline import artifact_filename, canonical_spec
+    from flyreg._artifacts.store import artifact_filename, canonical_spec
 
     shipped = Path(__file__).resolve().parents[2] / "offline_configs"
     for op in ("rmsnorm", "fused_add_rmsnorm"):
-        workloads = flyreg.registry.REGISTRY.plugin(op).workloads("cuda")
+        workloads = flyreg._plugins.registry.REGISTRY.plugin(op).workloads("cuda")
         assert len(workloads) == 15 * 3 * 5
         missing = [w for w in workloads
                    if not (shipped / artifact_filename(op, canonical_spec(w), "NVIDIA_H200")).is_file()]

@@ -7,7 +7,7 @@ import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import Config
+from flyreg._core.config import Config
 
 
 class LaunchSignatureError(TypeError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import pluggy
 
-from .config import Config, JSONScalar
+from flyreg._core.config import Config, JSONScalar
 
 PROJECT = "flyreg"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 
-from .config import Config, JSONScalar
-from .keys import fingerprint, toolchain
-from .offline import ArtifactError, load_artifact, name_part, parse_filename
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import fingerprint, toolchain
+from flyreg._artifacts.store import ArtifactError, load_artifact, name_part, parse_filename
 
 #: ``accepts(op, spec, config)``: why ``op`` would not take ``config`` for ``spec``, or None.
 Accepts = Callable[[str, dict[str, JSONScalar], Config], "str | None"]

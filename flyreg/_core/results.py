@@ -6,9 +6,9 @@ from typing import Any
 
 import attrs
 
-from .bench import BenchResult
-from .config import Config, JSONScalar
-from .keys import DeviceIdentity
+from flyreg._search.bench import BenchResult
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import DeviceIdentity
 
 
 class TuneError(RuntimeError):

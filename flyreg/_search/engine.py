@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from ._fileio import warn_once
-from .bench import BenchResult, device_kind, do_bench, warm_device
-from .steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
+from flyreg._core.fileio import warn_once
+from flyreg._search.bench import BenchResult, device_kind, do_bench, warm_device
+from flyreg._search.steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
                      set_count, storages, viewed_bytes)
-from .compare import mismatch
-from .config import Config, JSONScalar
-from .launch import Launcher, LaunchSignatureError, arg_name
+from flyreg._search.gate import mismatch
+from flyreg._core.config import Config, JSONScalar
+from flyreg._runtime.launch import Launcher, LaunchSignatureError, arg_name
 
 if TYPE_CHECKING:
-    from .results import TuneReport
-    from .tuner import Autotuner
+    from flyreg._core.results import TuneReport
+    from flyreg._runtime.tuner import Autotuner
 
 
 def _tensors(tuner: Autotuner, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
@@ -77,7 +77,7 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     that would reject every correct config whenever the baseline is the wrong one. With no
     reference there is no ground truth, and nothing is rejected as wrong.
     """
-    from .results import TuneError, TuneReport
+    from flyreg._core.results import TuneError, TuneReport
 
     cands = tuner._candidates(spec)
     if default is not None and default not in cands:
@@ -253,7 +253,7 @@ def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[
 
 def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own: InputSet, device: Any,
                   in_place: InPlace) -> TimeOne:
-    """Steady-state timing (:mod:`flyreg.steady`) on copies of the call's inputs shared by all candidates."""
+    """Steady-state timing (:mod:`flyreg._search.steady`) on copies of the call's inputs shared by all candidates."""
     args, kwargs = own.args, own.kwargs
     prepared = bool(in_place) or any(la.pre is not None for _, la in checked)
     budget = copy_budget(free_bytes(device))

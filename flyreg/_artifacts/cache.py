@@ -12,8 +12,8 @@ from typing import Any
 import filelock
 import platformdirs
 
-from ._fileio import warn_once, write_json_atomic
-from .offline import name_part
+from flyreg._core.fileio import warn_once, write_json_atomic
+from flyreg._artifacts.store import name_part
 
 SCHEMA = 1
 

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .config import Config, JSONScalar, typed
+from flyreg._core.config import Config, JSONScalar, typed
 
 BuildFn = Callable[[Config, dict[str, JSONScalar]], Callable[..., Any]]
 
@@ -88,7 +88,7 @@ def autotune_builder(
         rmsnorm = autotune_builder("my_rmsnorm", build, specialize, configs, default, structural=["BLOCK"])
         y = rmsnorm(x, w)
     """
-    from .tuner import Autotuner
+    from flyreg._runtime.tuner import Autotuner
 
     return Autotuner(name, build, specialize, configs, default, structural=structural, **options)
 
@@ -145,7 +145,7 @@ def autotune(
         def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
             return functools.partial(fn, **config.kwargs)
 
-        from .tuner import Autotuner
+        from flyreg._runtime.tuner import Autotuner
 
         tuner = Autotuner(name if name is not None else default_op_name(fn), build, specialize, configs,
                           (lambda spec: default) if default is not None else None,

@@ -12,16 +12,16 @@ from typing import Any
 import attrs
 import torch
 
-from . import cache
-from ._fileio import warn_once
-from .bench import TIMINGS, check_counts
-from .builder import BUILD_CACHE, BuildCache, BuildFn
-from .config import Config, JSONScalar
-from .keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
-from .launch import Launcher, bind_launcher, named_args
-from .offline import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, emit_artifact, emit_dir, index,
+from flyreg._artifacts import cache
+from flyreg._core.fileio import warn_once
+from flyreg._search.bench import TIMINGS, check_counts
+from flyreg._runtime.builder import BUILD_CACHE, BuildCache, BuildFn
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import DeviceIdentity, cache_key, env_values, fingerprint, identity_of, normalize_spec, tensor_axes
+from flyreg._runtime.launch import Launcher, bind_launcher, named_args
+from flyreg._artifacts.store import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, emit_artifact, emit_dir, index,
                       load_artifact, spec_text)
-from .results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
+from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
 
 __all__ = ["Autotuner", "GraphCaptureError", "Resolution", "TuneError", "TuneReport", "autotune_forced", "capturing"]
 
@@ -59,12 +59,12 @@ class Autotuner:
     ``arg_names`` (by default the positional parameters of ``specialize``) or keyword-only
     parameters of ``specialize``. Name lists are lists (or tuples), never one string.
 
-    ``timing`` says how a search on a GPU times candidates (:data:`flyreg.bench.TIMINGS`):
+    ``timing`` says how a search on a GPU times candidates (:data:`flyreg._search.bench.TIMINGS`):
     ``"steady"`` (the default) replays many calls in a CUDA graph over rotating copies of the
     call's inputs, as a kernel runs in a model; ``warmup`` and ``rep`` then count replays.
     A search on the CPU times single calls. A search ends with a final round wherever more than
     one config is close: the candidates closest to the fastest, and the default, are timed again
-    over :data:`flyreg.search.FINAL_SCALE` times the work, and only those times rank.
+    over :data:`flyreg._search.engine.FINAL_SCALE` times the work, and only those times rank.
     """
 
     def __init__(
@@ -377,7 +377,7 @@ class Autotuner:
 
         Returns the resolution and the error of a failed artifact write (None when written or not asked).
         """
-        from .search import run_search
+        from flyreg._search.engine import run_search
 
         spec, ident = ck.spec, ck.ident
         self.stats.searches += 1

@@ -15,7 +15,7 @@ import attrs
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 #: How a search times candidates on a GPU: ``steady`` (a CUDA graph of calls over rotating input
-#: copies, :mod:`flyreg.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
+#: copies, :mod:`flyreg._search.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
 #: graph of calls on the call's own inputs). A CPU search always times single calls.
 TIMINGS = ("steady", "flushed", "graph")
 
@@ -165,7 +165,7 @@ def _bench_graph(torch: Any, fn: Callable[[], Any], warmup: int, rep: int,
         for _ in range(inner):
             setup()  # type: ignore[misc]
 
-    from .steady import capture
+    from flyreg._search.steady import capture
 
     graphs = [capture(body)]
     if setup is not None:

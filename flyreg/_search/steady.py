@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import torch
 
-from .bench import L2_FLUSH_BYTES, BenchResult
+from flyreg._search.bench import L2_FLUSH_BYTES, BenchResult
 
 #: Bytes of inputs (and of outputs) a replay cycles through before reusing any: twice the H200's
 #: 60 MiB L2, so a reused buffer has left it.

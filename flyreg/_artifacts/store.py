@@ -27,10 +27,10 @@ from typing import Any
 import attrs
 import platformdirs
 
-from ._fileio import warn_once, write_json_atomic
-from ._version import __version__
-from .config import Config, JSONScalar
-from .keys import DeviceIdentity, fingerprint, normalize_spec, sanitize
+from flyreg._core.fileio import warn_once, write_json_atomic
+from flyreg._version import __version__
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import DeviceIdentity, fingerprint, normalize_spec, sanitize
 
 SCHEMA = 1
 MAX_ARTIFACT_BYTES = 1 << 20

@@ -15,9 +15,9 @@ from typing import Any
 
 import attrs
 
-from .config import Config
-from .keys import DeviceIdentity, identity_of
-from .offline import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, index, load_artifact, name_part,
+from flyreg._core.config import Config
+from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._artifacts.store import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, index, load_artifact, name_part,
                       spec_text)
 
 #: Exit codes of ``flyreg tune``.
@@ -67,7 +67,7 @@ def _current(path: Path, op: str, op_version: str, ident: DeviceIdentity) -> boo
     architecture), holding a config the op takes for its spec, and tuned with the current
     toolchain. Any other file at that name is re-tuned (and, if malformed, moved aside first).
     """
-    from .registry import accepts
+    from flyreg._plugins.registry import accepts
 
     try:
         art = load_artifact(path)
@@ -112,7 +112,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
     one (or one that declares nothing to tune here) a skipped job. An op named explicitly that
     is unusable raises (one line) when it is the only one, and fails its job otherwise.
     """
-    from .registry import REGISTRY, OpUnavailableError, ops
+    from flyreg._plugins.registry import REGISTRY, OpUnavailableError, ops
 
     explicit = bool(op_names)
     if explicit:
@@ -182,7 +182,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
 
 
 def _tune_one(job: Job, device: str, out_dir: Path, force: bool) -> None:
-    from .registry import REGISTRY
+    from flyreg._plugins.registry import REGISTRY
 
     plugin = REGISTRY.plugin(job.op)
     tuner = REGISTRY.tuner(job.op)
@@ -226,7 +226,7 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from .builder import BUILD_CACHE
+    from flyreg._runtime.builder import BUILD_CACHE
 
     console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._version import __version__
+from flyreg._version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,9 +35,9 @@ def _user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .plugin import PluginError
-        from .registry import OpUnavailableError, UnknownOpError
-        from .tune_jobs import one_line
+        from flyreg._plugins.manager import PluginError
+        from flyreg._plugins.registry import OpUnavailableError, UnknownOpError
+        from flyreg._cli.tune_jobs import one_line
 
         try:
             return fn(*args, **kwargs)
@@ -117,7 +117,7 @@ def resolve_device(device: str | None) -> str:
 
 def _check_op_names(names: list[str]) -> None:
     """Raise UnknownOpError (with the closest name) for the first name no distribution registers."""
-    from .registry import REGISTRY
+    from flyreg._plugins.registry import REGISTRY
 
     known = set(REGISTRY.names())
     for name in names:
@@ -127,7 +127,7 @@ def _check_op_names(names: list[str]) -> None:
 
 def _out_dir(out: Path | None, create: bool) -> Path:
     """The artifact directory, checked writable (and created unless ``create`` is false)."""
-    from .offline import emit_dir
+    from flyreg._artifacts.store import emit_dir
 
     given = out is not None
     directory = (out if out is not None else emit_dir()).expanduser().absolute()
@@ -172,9 +172,9 @@ def cli() -> None:
 @_user_errors
 def list_ops(as_json: bool, device: str | None) -> None:
     """List every registered op: status, description, structural knobs, artifacts for this device."""
-    from .keys import identity_of
-    from .registry import REGISTRY, ops
-    from .tune_jobs import count_artifacts
+    from flyreg._core.keys import identity_of
+    from flyreg._plugins.registry import REGISTRY, ops
+    from flyreg._cli.tune_jobs import count_artifacts
 
     ident = identity_of(resolve_device(device))
     rows = []
@@ -195,7 +195,7 @@ def list_ops(as_json: bool, device: str | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .tune_jobs import make_console
+    from flyreg._cli.tune_jobs import make_console
 
     table = Table(title=f"flyreg ops (device: {ident.name}, {ident.arch})")
     table.add_column("op", no_wrap=True)
@@ -235,7 +235,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     --force; a malformed one is moved aside before it is re-tuned. A failing op or spec is reported and the others still run; the exit code is then 1.
     Ctrl-C stops after keeping the artifacts written so far (exit 130).
     """
-    from .tune_jobs import plan_jobs, print_plan, run_jobs
+    from flyreg._cli.tune_jobs import plan_jobs, print_plan, run_jobs
 
     names = list(dict.fromkeys(op_names))
     if specs and not names:
@@ -265,8 +265,8 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     The lookup is the runtime's: the scratch cache, then the offline artifacts, then the op's
     default. No search is run.
     """
-    from .keys import identity_of
-    from .registry import REGISTRY, accepts
+    from flyreg._core.keys import identity_of
+    from flyreg._plugins.registry import REGISTRY, accepts
 
     tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
     dev = resolve_device(device)
@@ -286,7 +286,7 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     if as_json:
         click.echo(json.dumps([r for r, _ in out], indent=2))
         return
-    from .tune_jobs import config_str, spec_str
+    from flyreg._cli.tune_jobs import config_str, spec_str
 
     for i, (r, config) in enumerate(out):
         if i:
@@ -308,13 +308,13 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
     """One line for a spec that resolves to nothing (or whose hooks fail on it)."""
-    from .tune_jobs import one_line, spec_str
+    from flyreg._cli.tune_jobs import one_line, spec_str
 
     if type(e) is LookupError:  # the tuner's own "no cached, offline or default config"
         return one_line(e, typed=False)
     hint = ""
     try:
-        from .registry import REGISTRY
+        from flyreg._plugins.registry import REGISTRY
 
         axes = sorted({k for w in REGISTRY.plugin(op).workloads(device) for k in w})
         if axes and sorted(spec) != axes:
@@ -336,9 +336,9 @@ def check(dirs: tuple[Path, ...], strict: bool) -> None:
     artifacts of ops that are broken or disabled here. Exits 1 if any error (with --strict,
     any stale artifact or warning too).
     """
-    from .offline import OfflineStore
-    from .registry import REGISTRY, accepts, ops
-    from .validate import check_artifacts
+    from flyreg._artifacts.store import OfflineStore
+    from flyreg._plugins.registry import REGISTRY, accepts, ops
+    from flyreg._artifacts.validate import check_artifacts
 
     known, unavailable, plugin_dirs = {}, {}, []
     for info in ops():
@@ -371,8 +371,8 @@ def cache() -> None:
 
 def _cache_op(op_name: str | None) -> None:
     """Reject an op name that is neither registered nor has a cache file (a typo)."""
-    from . import cache as scratch
-    from .registry import REGISTRY
+    from flyreg._artifacts import cache as scratch
+    from flyreg._plugins.registry import REGISTRY
 
     if op_name is not None and op_name not in REGISTRY.names() and not scratch.cache_file(op_name).exists():
         _check_op_names([op_name])
@@ -383,7 +383,7 @@ def _cache_op(op_name: str | None) -> None:
 @_user_errors
 def cache_path(op_name: str | None) -> None:
     """Print the cache directory, or OP's cache file."""
-    from . import cache as scratch
+    from flyreg._artifacts import cache as scratch
 
     _cache_op(op_name)
     click.echo(str(scratch.cache_file(op_name) if op_name else scratch.cache_dir()))
@@ -394,7 +394,7 @@ def cache_path(op_name: str | None) -> None:
 @_user_errors
 def cache_clear(op_name: str | None) -> None:
     """Delete OP's cache file, or every op's; other files in the cache directory are left alone."""
-    from . import cache as scratch
+    from flyreg._artifacts import cache as scratch
 
     _cache_op(op_name)
     directory = scratch.cache_dir()
@@ -409,7 +409,7 @@ def cache_clear(op_name: str | None) -> None:
 # -- entry point ----------------------------------------------------------------------------------------
 def _one_line_warnings() -> None:
     """flyreg's own warnings as the one line they are, not ``file:line: Category: message``."""
-    from ._fileio import FlyregWarning
+    from flyreg._core.fileio import FlyregWarning
 
     original = warnings.showwarning
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .config import Config, JSONScalar
-from .plugin import OpPlugin, PluginError
+from flyreg._core.config import Config, JSONScalar
+from flyreg._plugins.manager import OpPlugin, PluginError
 
 if TYPE_CHECKING:
-    from .tuner import Autotuner, Resolution
+    from flyreg._runtime.tuner import Autotuner, Resolution
 
 GROUP = "flyreg.ops"
 IN_PROCESS = "<in-process>"
@@ -214,14 +214,14 @@ class Registry:
 
 
 def _forget_builds(name: str) -> None:
-    from .builder import BUILD_CACHE
+    from flyreg._runtime.builder import BUILD_CACHE
 
     BUILD_CACHE.clear(name)
 
 
 def build_tuner(plugin: OpPlugin) -> Autotuner:
     """Assemble the autotuner of one op from its registered hooks (it uses the shared build cache)."""
-    from .builder import autotune_builder
+    from flyreg._runtime.builder import autotune_builder
 
     d = plugin.description
 

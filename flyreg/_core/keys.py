@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from ._version import __version__
-from .config import JSONScalar, check_scalar
+from flyreg._version import __version__
+from flyreg._core.config import JSONScalar, check_scalar
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -1,0 +1,1 @@
+"""Internal: stored configs (artifact names and store, the scratch cache, validation)."""

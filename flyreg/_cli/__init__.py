@@ -1,0 +1,1 @@
+"""Internal: the ``flyreg`` command line."""

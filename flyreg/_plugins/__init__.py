@@ -1,0 +1,1 @@
+"""Internal: the op contract (hook specs, the typed facade over one op's hooks) and entry-point discovery."""

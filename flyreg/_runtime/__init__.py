@@ -1,0 +1,1 @@
+"""Internal: serving a call (the tuner's hot path and key building, binding, the build cache)."""

@@ -1,0 +1,1 @@
+"""Internal: searching a spec's configs (the engine, timing, the correctness gate)."""
