@@ -1,0 +1,144 @@
+"""The ``flyreg`` command with op discovery limited to named distributions, whatever else is installed.
+
+``python isolated_flyreg.py run DISTS ARG...`` runs ``flyreg ARG...`` once, as the console
+script does (``flyreg._cli.main.main()``), except that the ``flyreg.ops`` entry points of
+distributions not named in the comma-separated ``DISTS`` are not seen. A third-party plugin
+installed in the same environment therefore never changes what a test's command prints.
+
+``python isolated_flyreg.py serve`` imports torch and the command once, then runs each request
+(one JSON line on stdin: ``argv``, ``dists``, ``env``, ``cwd``, ``output`` and optionally
+``interrupt``) in a forked child with that environment and working directory, its stdout and
+stderr both written unbuffered to the ``output`` file, and answers ``{"code": EXIT_STATUS}``.
+The child is a fresh process as far as flyreg can tell: nothing of flyreg's state (registry,
+device identity, caches) exists before the fork. With ``interrupt`` ``[N, DIR]`` the child gets
+SIGINT once DIR holds N ``*.json`` files.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+GROUP = "flyreg.ops"
+
+
+def canonical(distribution: str) -> str:
+    """A distribution name as packaging normalizes it (``Broken_Ops`` is ``broken-ops``)."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def restrict_plugins(dists: Iterable[str]) -> None:
+    """From now on, ``flyreg.ops`` entry points come only from the distributions ``dists``."""
+    allowed = {canonical(d) for d in dists}
+    every: Callable[..., Any] = importlib.metadata.entry_points
+
+    def entry_points(**params: Any) -> Any:
+        found = every(**params)
+        if params.get("group") != GROUP:
+            return found
+        return [ep for ep in found if ep.dist is not None and canonical(ep.dist.name) in allowed]
+
+    importlib.metadata.entry_points = entry_points  # type: ignore[assignment]
+
+
+def exit_status(run: Callable[[], object]) -> int:
+    """Call ``run`` and return the status the interpreter would exit with (a traceback goes to stderr)."""
+    try:
+        run()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except BaseException:  # what an uncaught exception does to a script
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _child(request: dict[str, Any]) -> None:
+    """In the forked child: become the requested command and exit with its status."""
+    code = 1
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        restrict_plugins(request["dists"])
+        sys.argv = ["flyreg", *request["argv"]]
+        from flyreg._cli.main import main
+
+        code = exit_status(main)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def _wait(pid: int, interrupt: list[Any] | None) -> int:
+    """Wait for the child; with ``interrupt`` ``[N, DIR]``, SIGINT it once DIR holds N artifacts."""
+    if interrupt is not None:
+        count, directory = int(interrupt[0]), Path(interrupt[1])
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if len(list(directory.glob("*.json"))) >= count:
+                os.kill(pid, signal.SIGINT)
+                break
+            time.sleep(0.002)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def serve() -> None:
+    """Answer run requests (JSON lines on stdin) with forked children; see the module docstring."""
+    import click  # noqa: F401  the slow imports, done once for every request
+    import rich.console  # noqa: F401
+    import rich.progress  # noqa: F401
+    import rich.table  # noqa: F401
+    import torch  # noqa: F401
+
+    import flyreg._cli.main  # noqa: F401
+    import flyreg._cli.tune_jobs  # noqa: F401
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request)
+        code = _wait(pid, request.get("interrupt"))
+        print(json.dumps({"code": code}), flush=True)
+
+
+def main() -> None:
+    mode, *rest = sys.argv[1:]
+    if mode == "serve":
+        serve()
+        return
+    dists, *args = rest
+    restrict_plugins(dists.split(","))
+    sys.argv = ["flyreg", *args]
+    from flyreg._cli.main import main as flyreg_main
+
+    flyreg_main()
+
+
+if __name__ == "__main__":
+    del sys.path[0]  # like the console script, nothing of this directory is importable
+    main()
