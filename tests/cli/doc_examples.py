@@ -100,7 +100,7 @@ def parse_directives(text: str) -> dict[str, object]:
 
 def examples(page: str) -> list[Example]:
     """Every example block of ``page``, in order."""
-    found = []
+    found: list[Example] = []
     for m in EXAMPLE.finditer(page):
         fields = parse_directives(m["directives"] or "")
         if not fields.get("fresh", True) and (fields.get("plugins") or not found):

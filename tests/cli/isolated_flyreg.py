@@ -1,9 +1,10 @@
 """The ``flyreg`` command with op discovery limited to named distributions, whatever else is installed.
 
 ``python isolated_flyreg.py run DISTS ARG...`` runs ``flyreg ARG...`` once, as the console
-script does (``flyreg._cli.main.main()``), except that the ``flyreg.ops`` entry points of
-distributions not named in the comma-separated ``DISTS`` are not seen. A third-party plugin
-installed in the same environment therefore never changes what a test's command prints.
+script started from a terminal does (``flyreg._cli.main.main()``, SIGINT raising
+KeyboardInterrupt), except that the ``flyreg.ops`` entry points of distributions not named in
+the comma-separated ``DISTS`` are not seen. A third-party plugin installed in the same
+environment therefore never changes what a test's command prints.
 
 ``python isolated_flyreg.py serve`` imports torch and the command once, then runs each request
 (one JSON line on stdin: ``argv``, ``dists``, ``env``, ``cwd``, ``output`` and optionally
@@ -11,7 +12,7 @@ installed in the same environment therefore never changes what a test's command 
 stderr both written unbuffered to the ``output`` file, and answers ``{"code": EXIT_STATUS}``.
 The child is a fresh process as far as flyreg can tell: nothing of flyreg's state (registry,
 device identity, caches) exists before the fork. With ``interrupt`` ``[N, DIR]`` the child gets
-SIGINT once DIR holds N ``*.json`` files.
+SIGINT once DIR holds N ``*.json`` files; a child still running after five minutes is killed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def restrict_plugins(dists: Iterable[str]) -> None:
     importlib.metadata.entry_points = entry_points  # type: ignore[assignment]
 
 
+def as_from_a_terminal() -> None:
+    """Take SIGINT as a command started from a terminal does: a test runner started in the background
+    of a non-interactive shell hands its children SIGINT ignored, and Ctrl-C tests would then hang."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def exit_status(run: Callable[[], object]) -> int:
     """Call ``run`` and return the status the interpreter would exit with (a traceback goes to stderr)."""
     try:
@@ -71,6 +78,7 @@ def _child(request: dict[str, Any]) -> None:
     """In the forked child: become the requested command and exit with its status."""
     code = 1
     try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # stdin is the server's request pipe
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -79,6 +87,7 @@ def _child(request: dict[str, Any]) -> None:
         os.dup2(out, 2)
         os.close(out)
         restrict_plugins(request["dists"])
+        as_from_a_terminal()
         sys.argv = ["flyreg", *request["argv"]]
         from flyreg._cli.main import main
 
@@ -92,17 +101,20 @@ def _child(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def _wait(pid: int, interrupt: list[Any] | None) -> int:
-    """Wait for the child; with ``interrupt`` ``[N, DIR]``, SIGINT it once DIR holds N artifacts."""
-    if interrupt is not None:
-        count, directory = int(interrupt[0]), Path(interrupt[1])
-        while os.waitpid(pid, os.WNOHANG) == (0, 0):
-            if len(list(directory.glob("*.json"))) >= count:
-                os.kill(pid, signal.SIGINT)
-                break
-            time.sleep(0.002)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+def _wait(pid: int, interrupt: list[Any] | None, limit_s: float = 300.0) -> int:
+    """Wait for the child (killing it after ``limit_s``); with ``interrupt`` ``[N, DIR]``, SIGINT it
+    once DIR holds N artifacts."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if interrupt is not None and len(list(Path(interrupt[1]).glob("*.json"))) >= int(interrupt[0]):
+            os.kill(pid, signal.SIGINT)
+            interrupt = None
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
 
 
 def serve() -> None:
@@ -133,6 +145,7 @@ def main() -> None:
         return
     dists, *args = rest
     restrict_plugins(dists.split(","))
+    as_from_a_terminal()
     sys.argv = ["flyreg", *args]
     from flyreg._cli.main import main as flyreg_main
 

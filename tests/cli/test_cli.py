@@ -13,7 +13,6 @@ suite means the same on a GPU machine.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess

@@ -6,7 +6,9 @@ After a change to what the command prints, update the page with one command:
 
 It rewrites the output of every example in docs/cli.md in place (keeping each ``...`` cut where
 it is) and passes; review the result with ``git diff docs/cli.md``. Without the variable, the
-test fails with the diff between the page and what the commands print now.
+test fails with the diff between the page and what the commands print now. To add an example,
+write its ```console block with just its ``$ `` lines (and a ``...`` line under a command whose
+output should be cut there) and run the same command.
 
 An example is a ```console block whose lines starting with ``$ `` are commands (the format, and
 the ``<!-- docs-test: ... -->`` directives that set a block up, are in ``doc_examples.py``).

@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 import flyreg
 from flyreg._plugins import registry
@@ -95,8 +96,6 @@ def test_every_python_block_runs(example_module: types.ModuleType, fresh_registr
 def test_example_registered_in_process_is_tuned_and_served_offline(
         example_module: types.ModuleType, fresh_registry: registry.Registry, isolated_dirs: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
     plugin = registry.REGISTRY.plugin("scale_rows")  # discovered from the page's entry point
     assert plugin.obj is example_module
     flyreg.unregister("scale_rows")
@@ -153,9 +152,7 @@ def installed_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
     return reg
 
 
-def rms_norm(x: object, w: object) -> object:
-    import torch
-
+def rms_norm(x: object, w: object) -> torch.Tensor:
     assert isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
     xf = x.float()
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
@@ -163,8 +160,6 @@ def rms_norm(x: object, w: object) -> object:
 
 def test_readme_example_runs_on_the_cpu_as_written(installed_registry: registry.Registry,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    import torch
-
     code = readme_example()
     assert all("cuda" not in line.partition("#")[0] for line in code.splitlines())  # GPU parts are comments
     namespace: dict[str, object] = {"__name__": "readme_example"}
@@ -190,8 +185,6 @@ def test_readme_example_gpu_version_is_the_cpu_one_on_cuda() -> None:
 
 @pytest.mark.gpu
 def test_readme_example_runs_on_a_gpu(installed_registry: registry.Registry, capsys: pytest.CaptureFixture[str]) -> None:
-    import torch
-
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     namespace: dict[str, object] = {"__name__": "readme_example"}
