@@ -1,13 +1,12 @@
-"""The ``flyreg`` command, driven through its entry point in fresh interpreters.
+"""The ``flyreg`` command, driven through its real entry points in fresh interpreters.
 
-Every run is ``flyreg.__main__``'s ``main()`` in a fresh interpreter (``cli_harness.isolated_argv``)
-with the cache, config and XDG dirs pointed at temporary folders, and op discovery limited to
-flyreg's own distribution and the fake ones a test makes, so a third-party plugin installed in
-the same environment changes nothing here. Two fake distributions are made on disk:
-``broken-ops`` (its entry point names a module that does not exist) and ``sleepy-ops`` (an op
-whose launches sleep, so a tune can be interrupted). ``python -m flyreg`` and the console script
-are run unrestricted where a test checks them. Tuning always passes ``--device cpu``, so the
-suite means the same on a GPU machine.
+Every run is ``python -m flyreg ...`` (or the ``flyreg`` console script next to
+``sys.executable``) with the cache, config and XDG dirs pointed at temporary folders, and op
+discovery limited to flyreg's own distribution and the fake ones a test makes
+(``cli_harness.command_env``), so a third-party plugin installed in the same environment changes
+nothing here. Two fake distributions are made on disk: ``broken-ops`` (its entry point names a
+module that does not exist) and ``sleepy-ops`` (an op whose launches sleep, so a tune can be
+interrupted). Tuning always passes ``--device cpu``, so the suite means the same on a GPU machine.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from cli_harness import BROKEN_ENTRY_POINTS, command_env, fake_distribution, isolated_argv
+from cli_harness import BROKEN_ENTRY_POINTS, command_env, fake_distribution, unrestricted
 from flyreg._artifacts.store import load_artifact
 
 SCRIPT = Path(sys.executable).with_name("flyreg")
@@ -91,11 +90,10 @@ class Flyreg:
         self.dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
         for d in self.dirs.values():
             d.mkdir(parents=True, exist_ok=True)
-        self.dists = list(sites or {})
-        self.env = command_env(self.dirs, list((sites or {}).values()), **env)
+        self.env = command_env(self.dirs, sites, **env)
 
     def argv(self, args: Sequence[str], script: bool = False) -> list[str]:
-        return [str(SCRIPT), *args] if script else isolated_argv(args, self.dists)
+        return [str(SCRIPT), *args] if script else [sys.executable, "-m", "flyreg", *args]
 
     def popen(self, *args: str, script: bool = False, **env: str) -> subprocess.Popen[str]:
         return subprocess.Popen(self.argv(args, script), env={**self.env, **env}, cwd=self.root, text=True,
@@ -173,13 +171,12 @@ def test_version_from_the_script_and_the_module(cmd: Flyreg) -> None:
     assert by_script.stdout == by_module.stdout == f"flyreg, version {__version__}\n"
 
 
-def test_module_run_sees_every_installed_op_and_the_isolated_run_only_its_own(cmd: Flyreg) -> None:
-    module, isolated, bare = [
-        subprocess.run(argv, env=cmd.env, cwd=cmd.root, capture_output=True, text=True, timeout=120)
-        for argv in ([sys.executable, "-m", "flyreg", "list", "--json", "--device", "cpu"],
-                     cmd.argv(["list", "--json", "--device", "cpu"]),
-                     Flyreg(cmd.root / "bare").argv(["list", "--json", "--device", "cpu"]))]
-    listed = [{row["op"]: row["status"] for row in json.loads(p.stdout)["ops"]} for p in (module, isolated, bare)]
+def test_runs_see_the_ops_of_flyreg_and_the_named_fakes_and_unrestricted_every_installed_one(cmd: Flyreg) -> None:
+    argv = cmd.argv(["list", "--json", "--device", "cpu"])
+    every, named, bare = [
+        subprocess.run(argv, env=env, cwd=cmd.root, capture_output=True, text=True, timeout=120)
+        for env in (unrestricted(cmd.env), cmd.env, {**Flyreg(cmd.root / "bare").env, "PYTHONPATH": cmd.env["PYTHONPATH"]})]
+    listed = [{row["op"]: row["status"] for row in json.loads(p.stdout)["ops"]} for p in (every, named, bare)]
     mine = {"broken_op": "broken", "fused_add_rmsnorm": "ok", "rmsnorm": "ok"}
     assert listed[0].items() >= mine.items()  # and whatever else this environment has installed
     assert listed[1] == mine

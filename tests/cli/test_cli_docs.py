@@ -17,8 +17,8 @@ Each block runs in a session: a fresh working directory, shown as ``/tmp/flyreg-
 the XDG dirs elsewhere, no GPU visible (``CUDA_VISIBLE_DEVICES=""``), ``COLUMNS=100``, and
 only flyreg's own ops plus the fake distributions the block names (``broken-ops``), whatever
 else is installed. ``flyreg`` commands run as forks of one interpreter that imported torch
-already (``isolated_flyreg.py serve``), which is what keeps this test fast; any other
-command runs in bash. stdout and stderr are shown interleaved, as a terminal shows them.
+already (``command_server.py``), which is what keeps this test fast; any other command runs
+in bash. stdout and stderr are shown interleaved, as a terminal shows them.
 
 What varies from run to run or machine to machine is normalized, and the page shows:
 
@@ -120,7 +120,7 @@ class Session:
 
     root: Path
     plugins: tuple[str, ...]
-    sites: list[Path]
+    sites: dict[str, Path]  # every fake distribution's site, by name
 
     @property
     def demo(self) -> Path:
@@ -129,7 +129,8 @@ class Session:
     def env(self, **extra: str) -> dict[str, str]:
         dirs = {"cache": self.demo / "cache", "configs": self.demo / "configs",
                 "xdg_config": self.root / "xdg_config", "xdg_cache": self.root / "xdg_cache"}
-        return command_env(dirs, self.sites, CUDA_VISIBLE_DEVICES="", COLUMNS="100", LINES="40", **extra)
+        sites = {name: site for name, site in self.sites.items() if name in self.plugins}
+        return command_env(dirs, sites, CUDA_VISIBLE_DEVICES="", COLUMNS="100", LINES="40", **extra)
 
 
 @attrs.define
@@ -137,7 +138,7 @@ class PageRun:
     """Runs chains of examples (a fresh session and the examples that continue it) on command servers."""
 
     tmp: Path
-    sites: list[Path]
+    sites: dict[str, Path]
     servers: queue.Queue[CommandServer]
     ident: DeviceIdentity
 
@@ -155,8 +156,7 @@ class PageRun:
             if set(words) & {"|", ">", "<", "&&", ";", "&"}:
                 raise ValueError(f"a flyreg example runs without a shell: {line!r}")
             stop = (interrupt[0], session.demo / interrupt[1]) if interrupt else None
-            code = server.run(words[1:], env=env, cwd=session.demo, output=output, dists=session.plugins,
-                              interrupt=stop)
+            code = server.run(words[1:], env=env, cwd=session.demo, output=output, interrupt=stop)
             text = output.read_text(encoding="utf-8")
         else:
             proc = subprocess.run(["bash", "-c", line], cwd=session.demo, env={**env, "LC_ALL": "C"}, text=True,
@@ -218,10 +218,10 @@ def page_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     page = PAGE.read_text(encoding="utf-8")
     grouped = chains(examples(page))
     tmp = tmp_path_factory.mktemp("cli-docs")
-    sites = [fake_distribution(tmp / "sites" / name, name, entry_points)
-             for name, entry_points in FAKE_DISTRIBUTIONS.items()]
+    sites = {name: fake_distribution(tmp / "sites" / name, name, entry_points)
+             for name, entry_points in FAKE_DISTRIBUTIONS.items()}
     workers = max(1, min(len(grouped), os.cpu_count() or 1, 4))
-    server_env = Session(tmp / "server", (), sites).env()
+    server_env = Session(tmp / "server", tuple(sites), sites).env()  # every fake site on the servers' sys.path
     servers: queue.Queue[CommandServer] = queue.Queue()
     for _ in range(workers):
         servers.put(CommandServer(server_env))

@@ -1,60 +1,29 @@
-"""The ``flyreg`` command with op discovery limited to named distributions, whatever else is installed.
+"""A server that runs ``flyreg`` commands as forks of one interpreter that already imported torch.
 
-``python isolated_flyreg.py run DISTS ARG...`` runs ``flyreg ARG...`` once, as the console
-script started from a terminal does (``flyreg._cli.main.main()``, SIGINT raising
-KeyboardInterrupt), except that the ``flyreg.ops`` entry points of distributions not named in
-the comma-separated ``DISTS`` are not seen. A third-party plugin installed in the same
-environment therefore never changes what a test's command prints.
-
-``python isolated_flyreg.py serve`` imports torch and the command once, then runs each request
-(one JSON line on stdin: ``argv``, ``dists``, ``env``, ``cwd``, ``output`` and optionally
-``interrupt``) in a forked child with that environment and working directory, its stdout and
-stderr both written unbuffered to the ``output`` file, and answers ``{"code": EXIT_STATUS}``.
-The child is a fresh process as far as flyreg can tell: nothing of flyreg's state (registry,
-device identity, caches) exists before the fork. With ``interrupt`` ``[N, DIR]`` the child gets
-SIGINT once DIR holds N ``*.json`` files; a child still running after five minutes is killed.
+``python command_server.py`` (with ``only_plugins/`` on PYTHONPATH) imports torch and the command
+once, then runs each request (one JSON line on stdin: ``argv``, ``dists``, ``env``, ``cwd``,
+``output`` and optionally ``interrupt``) in a forked child with that environment and working
+directory, its stdout and stderr both written unbuffered to the ``output`` file, and answers
+``{"code": EXIT_STATUS}``. The child is a fresh process as far as flyreg can tell: nothing of
+flyreg's state (registry, device identity, caches) exists before the fork. It sees the
+``flyreg.ops`` entry points of ``dists`` only (``only_plugins/sitecustomize.py``; ``env`` names
+them too, for the interpreters the command starts). With ``interrupt`` ``[N, DIR]`` the child
+gets SIGINT once DIR holds N ``*.json`` files; a child still running after five minutes is killed.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import re
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-GROUP = "flyreg.ops"
-
-
-def canonical(distribution: str) -> str:
-    """A distribution name as packaging normalizes it (``Broken_Ops`` is ``broken-ops``)."""
-    return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
-def restrict_plugins(dists: Iterable[str]) -> None:
-    """From now on, ``flyreg.ops`` entry points come only from the distributions ``dists``."""
-    allowed = {canonical(d) for d in dists}
-    every: Callable[..., Any] = importlib.metadata.entry_points
-
-    def entry_points(**params: Any) -> Any:
-        found = every(**params)
-        if params.get("group") != GROUP:
-            return found
-        return [ep for ep in found if ep.dist is not None and canonical(ep.dist.name) in allowed]
-
-    importlib.metadata.entry_points = entry_points  # type: ignore[assignment]
-
-
-def as_from_a_terminal() -> None:
-    """Take SIGINT as a command started from a terminal does: a test runner started in the background
-    of a non-interactive shell hands its children SIGINT ignored, and Ctrl-C tests would then hang."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+import sitecustomize  # only_plugins/sitecustomize.py
 
 
 def exit_status(run: Callable[[], object]) -> int:
@@ -86,8 +55,8 @@ def _child(request: dict[str, Any]) -> None:
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
-        restrict_plugins(request["dists"])
-        as_from_a_terminal()
+        sitecustomize.restrict_plugins(request["dists"])
+        sitecustomize.as_from_a_terminal()
         sys.argv = ["flyreg", *request["argv"]]
         from flyreg._cli.main import main
 
@@ -138,20 +107,7 @@ def serve() -> None:
         print(json.dumps({"code": code}), flush=True)
 
 
-def main() -> None:
-    mode, *rest = sys.argv[1:]
-    if mode == "serve":
-        serve()
-        return
-    dists, *args = rest
-    restrict_plugins(dists.split(","))
-    as_from_a_terminal()
-    sys.argv = ["flyreg", *args]
-    from flyreg._cli.main import main as flyreg_main
-
-    flyreg_main()
-
-
 if __name__ == "__main__":
+    assert hasattr(sitecustomize, "restrict_plugins"), f"{sitecustomize.__file__} is not only_plugins/'s"
     del sys.path[0]  # like the console script, nothing of this directory is importable
-    main()
+    serve()
