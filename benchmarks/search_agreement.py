@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import attrs
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +57,7 @@ def main() -> None:
         ws = weight_copies(w, len(xs), args.shared_weight)
         tuner = flyreg.op("rmsnorm")
         if args.tie_band is not None:
-            tuner.tie_band = args.tie_band
+            tuner.settings = attrs.evolve(tuner.settings, tie_band=args.tie_band)
         kept, steady.ROTATE_BYTES = steady.ROTATE_BYTES, rotate  # the search's only: the benchmark side keeps its own
         try:
             reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]

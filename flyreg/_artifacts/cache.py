@@ -13,7 +13,7 @@ import filelock
 import platformdirs
 
 from flyreg._core.fileio import warn_once, write_json_atomic
-from flyreg._artifacts.store import name_part
+from flyreg._artifacts.names import name_part
 
 SCHEMA = 1
 

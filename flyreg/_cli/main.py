@@ -266,7 +266,8 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     default. No search is run.
     """
     from flyreg._core.keys import identity_of
-    from flyreg._plugins.registry import REGISTRY, accepts
+    from flyreg._plugins.registry import REGISTRY
+    from flyreg._runtime.resolution import what_serves
 
     tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
     dev = resolve_device(device)
@@ -274,14 +275,12 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     out = []
     for spec in specs:
         try:
-            res = tuner.resolve_spec(spec, dev)
+            res, offline = what_serves(tuner, spec, dev)
         except Exception as e:
             raise click.ClickException(_unresolved(op_name, spec, dev, e)) from None
         row = {"op": op_name, "spec": res.spec, "device": ident.to_json(), "config": res.config.to_json(),
-               "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest, "offline": None}
-        if res.source in ("cache", "memory"):  # what would serve it without the scratch cache
-            hit = tuner.offline.lookup(res.spec, ident, accepts=lambda c, spec=res.spec: accepts(op_name, spec, c))
-            row["offline"] = str(hit.path) if hit is not None else None
+               "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest,
+               "offline": offline.path if offline is not None and res.source in ("cache", "memory") else None}
         out.append((row, res.config))
     if as_json:
         click.echo(json.dumps([r for r, _ in out], indent=2))
@@ -327,18 +326,20 @@ def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str
 @cli.command()
 @click.argument("dirs", nargs=-1, type=click.Path(path_type=Path), metavar="[DIR]...")
 @click.option("--strict", is_flag=True, help="Fail on stale artifacts and warnings too.")
+@click.option("--verbose", "-v", is_flag=True, help="List every file of each finding, not the first few.")
 @_user_errors
-def check(dirs: tuple[Path, ...], strict: bool) -> None:
+def check(dirs: tuple[Path, ...], strict: bool, verbose: bool) -> None:
     """Validate offline artifacts in DIRs (default: every lookup directory that exists).
 
-    Checks each *.json: well-formed, named by its content, a known op, a config that op
-    accepts for its spec, a sanitized device name; and reports stale ones, and warns about
-    artifacts of ops that are broken or disabled here. Exits 1 if any error (with --strict,
-    any stale artifact or warning too).
+    Judges each *.json by the rule lookup uses: well-formed, named by its content, a known op, a
+    config that op accepts for its spec, a sanitized device name; reports stale ones (something
+    their backend depends on changed), and warns about artifacts of ops that are broken or
+    disabled here. Prints each kind of finding with its count and first files. Exits 1 if any
+    error (with --strict, any stale artifact or warning too).
     """
-    from flyreg._artifacts.store import OfflineStore
+    from flyreg._artifacts.store import lookup_dirs
+    from flyreg._artifacts.validate import check_report, summary
     from flyreg._plugins.registry import REGISTRY, accepts, ops
-    from flyreg._artifacts.validate import check_artifacts
 
     known, unavailable, plugin_dirs = {}, {}, []
     for info in ops():
@@ -349,19 +350,23 @@ def check(dirs: tuple[Path, ...], strict: bool) -> None:
         known[info.name] = d.version
         if d.config_dir:
             plugin_dirs.append(d.config_dir)
-    targets = list(dirs) or [d for d in OfflineStore("", plugin_dirs, (), "0").dirs() if d.is_dir()]
-    problems = check_artifacts(targets, known, accepts=accepts, unavailable=unavailable)
-    n_files = sum(len([p for p in Path(d).iterdir() if p.name.endswith(".json")])
-                  for d in targets if Path(d).is_dir())
-    for p in problems:
-        click.echo(str(p))
-    failing = [p for p in problems if p.severity == "error" or strict]
-    passing = {} if strict else {s: sum(1 for p in problems if p.severity == s) for s in ("stale", "warning")}
-    notes = [f"{n} {'stale' if s == 'stale' else 'warning(s)'}" for s, n in passing.items() if n]
-    click.echo(f"checked {n_files} artifact(s) in {len(targets)} dir(s): {len(failing)} problem(s)"
-               + (f", {' and '.join(notes)} (not an error without --strict)" if notes else ""))
-    if failing:
+    targets = list(dirs) or [d for d in lookup_dirs(plugin_dirs) if _present(d)]
+    report = check_report(targets, known, accepts=accepts, unavailable=unavailable)
+    for line in summary(report, strict=strict, verbose=verbose):
+        click.echo(line)
+    if any(p.severity == "error" or strict for p in report.problems):
         sys.exit(1)
+
+
+def _present(directory: Path) -> bool:
+    """False only when ``directory`` surely does not exist; one that cannot be looked at is checked (and reported)."""
+    try:
+        os.stat(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @cli.group()

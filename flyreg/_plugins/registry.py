@@ -214,7 +214,7 @@ class Registry:
 
 
 def _forget_builds(name: str) -> None:
-    from flyreg._runtime.builder import BUILD_CACHE
+    from flyreg._runtime.builds import BUILD_CACHE
 
     BUILD_CACHE.clear(name)
 
@@ -268,7 +268,7 @@ def accepts(name: str, spec: dict[str, JSONScalar], config: Config) -> str | Non
     Lookup serves a stored config only when it is one of the op's ``configs(spec)`` or its
     ``default(spec)``, knobs and hints alike. Raises what the op's hooks raise for ``spec``.
     """
-    return REGISTRY.tuner(name)._accepts(config, spec)
+    return REGISTRY.tuner(name).space.accepts(config, spec)
 
 
 def ops() -> list[OpInfo]:

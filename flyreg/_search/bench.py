@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
+from flyreg._core.results import BenchResult
 
 #: Bytes zeroed between reps (read, in steady-state timing) to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
 #: per ``do_bench`` call and dropped when it returns: torch's caching allocator keeps it reserved
@@ -18,30 +18,6 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 #: copies, :mod:`flyreg._search.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
 #: graph of calls on the call's own inputs). A CPU search always times single calls.
 TIMINGS = ("steady", "flushed", "graph")
-
-
-@attrs.frozen
-class BenchResult:
-    """Per-rep times in milliseconds: ``median`` and the spread around it."""
-
-    median: float
-    p20: float
-    p80: float
-    min: float
-    max: float
-    reps: int
-
-    @classmethod
-    def of(cls, times: list[float]) -> BenchResult:
-        if not times:
-            raise ValueError("times must not be empty")
-        qs = statistics.quantiles(times, n=5, method="inclusive") if len(times) > 1 else [times[0]] * 4
-        return cls(statistics.median(times), qs[0], qs[3], min(times), max(times), len(times))
-
-    @property
-    def spread(self) -> float:
-        """(p80 - p20) / median: the relative spread of the middle reps."""
-        return (self.p80 - self.p20) / self.median if self.median > 0 else 0.0
 
 
 def device_kind(device: Any) -> str:
@@ -165,7 +141,7 @@ def _bench_graph(torch: Any, fn: Callable[[], Any], warmup: int, rep: int,
         for _ in range(inner):
             setup()  # type: ignore[misc]
 
-    from flyreg._search.steady import capture
+    from flyreg._search.graphs import capture
 
     graphs = [capture(body)]
     if setup is not None:

@@ -19,7 +19,9 @@ from typing import Any
 import attrs
 import torch
 
-from flyreg._search.bench import L2_FLUSH_BYTES, BenchResult
+from flyreg._core.results import BenchResult
+from flyreg._search.bench import L2_FLUSH_BYTES
+from flyreg._search.graphs import capture
 
 #: Bytes of inputs (and of outputs) a replay cycles through before reusing any: twice the H200's
 #: 60 MiB L2, so a reused buffer has left it.
@@ -43,10 +45,6 @@ def free_bytes(device: Any) -> int:
     """Device memory free to this process: the driver's free memory plus torch's cached, unused blocks."""
     dev = torch.device(device)
     return torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-
-
-class CaptureError(RuntimeError):
-    """The call runs eagerly but cannot be captured in a CUDA graph (it synchronizes, say)."""
 
 
 @attrs.frozen
@@ -184,42 +182,6 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
         end.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / count for s, e in events[warmup:]]
-
-
-def capture(body: Callable[[], Any], prepare: Callable[[], None] | None = None) -> torch.cuda.CUDAGraph:
-    """``body()`` captured as a CUDA graph, after one run on a side stream (as capture requires; its
-    errors are the body's own). ``prepare()``, when given, runs before that run and before capture.
-
-    Raises :class:`CaptureError` when capture fails, leaving torch as a successful capture would:
-    the caller's stream current again, and the random generators out of capture mode (a failed
-    capture never runs their epilogue, and every later random op would fail; a trivial capture runs
-    it).
-    """
-    caller = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(caller)
-    if prepare is not None:
-        prepare()
-    with torch.cuda.stream(side):
-        body()
-    caller.wait_stream(side)
-    if prepare is not None:
-        prepare()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            body()
-    except Exception as e:
-        torch.cuda.set_stream(caller)
-        try:
-            torch.cuda.synchronize()
-            scratch = torch.zeros(1, device="cuda")
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                scratch.add_(1.0)
-        except Exception:  # the caller falls back either way; a broken context shows on its next call
-            pass
-        raise CaptureError(f"{type(e).__name__}: {e}") from e
-    return graph
 
 
 #: Fewest calls of the replay :func:`per_call_ms` times (a whole number of rounds through the sets).

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flyreg
-from flyreg._runtime.launch import bind_launcher
+from flyreg._core.launch import bind_launcher
 from flyreg._plugins.registry import REGISTRY
 
 

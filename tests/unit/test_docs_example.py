@@ -102,7 +102,7 @@ def test_example_registered_in_process_is_tuned_and_served_offline(
     plugin = registry.REGISTRY.plugin("scale_rows")
     (spec, *_) = plugin.workloads("cpu")
     args, kwargs = plugin.make_inputs(spec, "cpu")
-    assert flyreg.op("scale_rows")._specialize(*args, **kwargs) == spec
+    assert flyreg.op("scale_rows").specialize(*args, **kwargs) == spec
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
     res = flyreg.resolve("scale_rows", *args, **kwargs)
     assert res.source == "search" and res.path is not None

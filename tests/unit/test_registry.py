@@ -611,12 +611,12 @@ def test_every_tuner_shares_one_build_cache(use_registry: Callable[..., Registry
     # Keyed on (op, structural knobs, spec): hints do not rebuild, another knob or op or spec does.
     tuner = flyreg.op("rowscale")
     spec = tuner.resolve(x, s, out).spec
-    launch = BUILD_CACHE.get("rowscale", Config({"ROWS": 16}, num_warps=8), spec, tuner.structural, tuner._build)
+    launch = BUILD_CACHE.get("rowscale", Config({"ROWS": 16}, num_warps=8), spec, tuner.structural, tuner.build)
     assert plugin.calls["build"] == 1
     assert launch(x, s, out, num_warps=8) is out
-    BUILD_CACHE.get("rowscale", Config({"ROWS": 1}), spec, tuner.structural, tuner._build)
-    BUILD_CACHE.get("rowscale", Config({"ROWS": 16}), {**spec, "M": 1}, tuner.structural, tuner._build)
-    BUILD_CACHE.get("not-rowscale", Config({"ROWS": 16}), spec, tuner.structural, tuner._build)
+    BUILD_CACHE.get("rowscale", Config({"ROWS": 1}), spec, tuner.structural, tuner.build)
+    BUILD_CACHE.get("rowscale", Config({"ROWS": 16}), {**spec, "M": 1}, tuner.structural, tuner.build)
+    BUILD_CACHE.get("not-rowscale", Config({"ROWS": 16}), spec, tuner.structural, tuner.build)
     assert plugin.calls["build"] == 4
 
 
@@ -636,7 +636,7 @@ def test_optional_hooks_through_the_facade(empty_registry: Registry) -> None:
     flyreg.register(WithoutOptional(), name="bare")
     bare_plugin = registry.REGISTRY.plugin("bare")
     assert bare_plugin.workloads("cpu") == [] and not bare_plugin.implements("reference")
-    assert flyreg.op("bare")._reference is None
+    assert flyreg.op("bare").settings.reference is None
     with pytest.raises(PluginError, match=r"make_inputs\(\) returned None"):
         bare_plugin.make_inputs({"N": 1}, "cpu")
 

@@ -14,7 +14,8 @@ import flyreg
 import flyreg._plugins.registry
 from flyreg import Config
 from flyreg._runtime.builder import BuildCache
-from flyreg._core.keys import DeviceIdentity, fingerprint, identity_of
+from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._core.toolchain import fingerprint
 from flyreg._artifacts.store import artifact_filename, emit_artifact
 from flyreg._artifacts.validate import Problem, check_artifacts
 
@@ -177,7 +178,7 @@ def tuner_accepts(op: str, spec: dict[str, Any], config: Config) -> str | None:
     assert op == OP
     tuner = flyreg.autotune_builder(OP, build, specialize, [Config({"CHUNK": c}) for c in (8, 128, 2048)],
                                     lambda spec: Config({"CHUNK": 8}), build_cache=BuildCache())
-    return tuner._accepts(config, spec)
+    return tuner.space.accepts(config, spec)
 
 
 @pytest.mark.parametrize("config, words", [
