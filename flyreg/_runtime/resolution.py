@@ -76,13 +76,13 @@ class ScratchCache:
     name = "cache"
 
     def find(self, tuner: TunerState, req: Request) -> Resolution | None:
-        entries = cache.load(tuner.name)
         if req.pkey is not None:
-            found = [entries[req.pkey]] if req.pkey in entries else []
+            entry = cache.get(tuner.name, req.pkey)  # one indexed read
+            found = [entry] if entry is not None else []
         else:
             want = _without_tensors(cache_key(tuner.name, req.spec, [], req.ident, tuner.version,
                                               env_values(tuner.key_env)))
-            found = [e for k, e in entries.items() if _without_tensors(k) == want]
+            found = [e for k, e in cache.load(tuner.name).items() if _without_tensors(k) == want]
         for entry in found:
             res = _from_entry(tuner, entry, req.spec)
             if res is not None:
@@ -228,7 +228,7 @@ def resolve_call(tuner: TunerState, req: Request) -> Resolution:
 
 
 def _from_entry(tuner: TunerState, entry: dict[str, Any], spec: Spec) -> Resolution | None:
-    path = cache.cache_file(tuner.name)
+    path = cache.database()
     try:
         config = Config.from_json(entry.get("config"))
     except (TypeError, ValueError) as e:

@@ -113,12 +113,11 @@ def test_show_names_a_cache_entry_only_when_a_call_gets_it(isolated_dirs: dict[s
 
     # The entry's own fields still say op version 1, but its key is a version-2 call's: no version-1
     # call computes that key, so neither a call nor show may name it.
-    path = cache.cache_file(OP)
-    data = json.loads(path.read_text())
+    entry = cache.load(OP)[key]
     fields = json.loads(key)
     fields["toolchain"]["op"] = "2"
-    data["entries"] = {json.dumps(fields, sort_keys=True, separators=(",", ":")): data["entries"][key]}
-    path.write_text(json.dumps(data))
+    cache.clear(OP)
+    cache.store(OP, json.dumps(fields, sort_keys=True, separators=(",", ":")), entry)
     again = make_tuner(version="1")
     assert again.resolve_spec({"M": 64}).source == "default"
     assert make_tuner(version="1").resolve(*args).source == "default"
