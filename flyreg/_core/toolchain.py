@@ -125,6 +125,8 @@ def staleness(recorded: Mapping[str, object], spec: Mapping[str, object], arch: 
     here = dict(toolchain())
     parts = depends_on(spec, arch)
     platform = platform_of(arch)
+    unknown: tuple[str, ...]
+    compared: tuple[str, ...]
     if platform is not None and platform not in here:
         unknown, compared = parts, ()
     else:

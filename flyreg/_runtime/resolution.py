@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -57,6 +57,14 @@ class Request:
     ident: DeviceIdentity
     pkey: str | None = None
     call: Call | None = None
+
+
+class Source(Protocol):
+    """One link of the chain: ``name`` is the :attr:`Resolution.source` of what it finds."""
+
+    name: str
+
+    def find(self, tuner: TunerState, req: Request) -> Resolution | None: ...
 
 
 class InMemory:
@@ -164,7 +172,7 @@ IN_CAPTURE = (*LOOKUP, NoSearchInCapture())
 FORCED = (MEMORY, SEARCH)
 EMITTING = (MEMORY, CURRENT_ARTIFACT, SEARCH)
 
-Chain = tuple[Any, ...]
+Chain = tuple[Source, ...]
 
 
 def hits(tuner: TunerState, req: Request, chain: Chain = LOOKUP) -> Iterator[Resolution]:
