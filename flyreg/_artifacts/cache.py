@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import filelock
-import platformdirs
 
+from flyreg._core import settings
 from flyreg._core.fileio import warn_once, write_json_atomic
 from flyreg._artifacts.store import name_part
 
@@ -19,9 +19,8 @@ SCHEMA = 1
 
 
 def cache_dir() -> Path:
-    """``FLYREG_CACHE_DIR`` if set, else the user's cache dir; read on every call, never pinned."""
-    env = os.environ.get("FLYREG_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("flyreg", appauthor=False))
+    """``FLYREG_CACHE_DIR`` (expanded) if set, else the user's cache dir; the environment's current value."""
+    return settings.current().cache_dir
 
 
 def cache_file(op: str) -> Path:

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import platformdirs
 
+from flyreg._core import settings
 from flyreg._core.fileio import warn_once, write_json_atomic
 from flyreg._version import __version__
 from flyreg._core.config import Config, JSONScalar
@@ -124,8 +125,8 @@ def user_config_dir() -> Path:
 
 
 def env_config_dirs() -> list[Path]:
-    """The directories named by ``FLYREG_CONFIG_DIR`` (``os.pathsep``-separated), in order."""
-    return [Path(p) for p in os.environ.get("FLYREG_CONFIG_DIR", "").split(os.pathsep) if p]
+    """The directories named by ``FLYREG_CONFIG_DIR`` (``os.pathsep``-separated, expanded), in order."""
+    return list(settings.current().config_dirs)
 
 
 @functools.lru_cache(maxsize=1)

@@ -128,10 +128,11 @@ def _check_op_names(names: list[str]) -> None:
 def _out_dir(out: Path | None, create: bool) -> Path:
     """The artifact directory, checked writable (and created unless ``create`` is false)."""
     from flyreg._artifacts.store import emit_dir
+    from flyreg._core.settings import current, expand_path
 
     given = out is not None
-    directory = (out if out is not None else emit_dir()).expanduser().absolute()
-    what = "--out" if given else ("FLYREG_CONFIG_DIR" if os.environ.get("FLYREG_CONFIG_DIR") else "config dir")
+    directory = (expand_path(str(out)) if out is not None else emit_dir()).absolute()
+    what = "--out" if given else ("FLYREG_CONFIG_DIR" if current().config_dirs else "config dir")
     if directory.exists() and not directory.is_dir():
         raise click.BadParameter(f"{str(directory)!r} is not a directory", param_hint=what)
     if not create:
@@ -152,18 +153,20 @@ def _device_option(what: str) -> Callable[[F], F]:
 
 
 # -- the commands -------------------------------------------------------------------------------------
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Group(click.Group):
+    """The ``flyreg`` group: its help ends with every environment variable flyreg reads."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from flyreg._core.settings import help_rows
+
+        with formatter.section("Environment (a bad value warns and the default is used)"):
+            formatter.write_dl(help_rows())
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="flyreg")
 def cli() -> None:
-    """flyreg: list, tune and serve the configs of registered GPU kernels.
-
-    \b
-    Environment:
-      FLYREG_CONFIG_DIR   artifact dirs (os.pathsep-separated); the first is where tune writes
-      FLYREG_CACHE_DIR    the scratch cache dir
-      FLYREG_DISABLE_OPS  ops to treat as disabled (comma-separated)
-      FLYREG_COMPILE_THREADS  threads compiling a search's candidates
-    """
+    """flyreg: list, tune and serve the configs of registered GPU kernels."""
 
 
 @cli.command("list")

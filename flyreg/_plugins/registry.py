@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -17,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.fileio import warn_once
 from flyreg._plugins.manager import OpPlugin, PluginError
 
 if TYPE_CHECKING:
@@ -58,11 +59,6 @@ class _Entry:
     error: str | None = None
     tuner: Autotuner | None = None
     loaded: bool = False
-
-
-def disabled_ops() -> set[str]:
-    """The ops named in ``FLYREG_DISABLE_OPS`` (comma-separated)."""
-    return {n.strip() for n in os.environ.get("FLYREG_DISABLE_OPS", "").split(",") if n.strip()}
 
 
 def _canonical(distribution: str) -> str:
@@ -162,6 +158,18 @@ class Registry:
             del entries[name]
             _forget_builds(name)
 
+    def disabled(self) -> frozenset[str]:
+        """The ops ``FLYREG_DISABLE_OPS`` names; warns once about each set of names no registered op has."""
+        names = settings.current().disable_ops
+        if names:
+            known = self._discover()
+            unknown = sorted(n for n in names if n not in known)
+            if unknown:
+                warn_once(f"flyreg: FLYREG_DISABLE_OPS names no registered op: {', '.join(map(repr, unknown))} "
+                          f"(names are matched exactly; known ops: {', '.join(sorted(known)) or 'none'})",
+                          key=f"disable-unknown:{unknown}")
+        return names
+
     def names(self) -> list[str]:
         """Every registered op name, whatever its status."""
         return sorted(self._discover())
@@ -179,7 +187,7 @@ class Registry:
         entry = self._discover().get(_check_name(name))
         if entry is None:
             raise self._unknown(name)
-        if name in disabled_ops():
+        if name in self.disabled():
             raise OpUnavailableError(f"op {name!r} is disabled by FLYREG_DISABLE_OPS")
         self._load(entry)
         if entry.plugin is None:
@@ -199,7 +207,7 @@ class Registry:
     def infos(self) -> list[OpInfo]:
         """Every registered op with its status; loads each op not disabled."""
         out = []
-        disabled = disabled_ops()
+        disabled = self.disabled()
         for name, entry in sorted(self._discover().items()):
             if name in disabled:
                 out.append(OpInfo(name, entry.distribution, entry.version, "disabled"))

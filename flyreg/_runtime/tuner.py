@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from flyreg._artifacts import cache
+from flyreg._core import settings
 from flyreg._core.fileio import warn_once
 from flyreg._search.bench import TIMINGS, check_counts
 from flyreg._runtime.builder import BUILD_CACHE, BuildCache, BuildFn
@@ -33,7 +34,7 @@ MAX_BOUND = 4096
 
 def autotune_forced() -> bool:
     """True when ``FLYREG_AUTOTUNE`` asks for a fresh search of every new key."""
-    return os.environ.get("FLYREG_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.current().autotune
 
 
 class Autotuner:
