@@ -1,21 +1,39 @@
-"""The scratch disk cache: one JSON file per op, merged under a file lock."""
+"""The scratch disk cache: one SQLite database per cache dir (WAL), one row per (op, key).
+
+A lookup is one indexed read and a store one small transaction, whatever the cache's size; op
+names, keys and entries of any length are stored as they are. A file that is not a database of
+this schema (corrupt, foreign, not a regular file) is moved aside with a warning and rebuilt.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import sqlite3
+import stat
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import filelock
 
 from flyreg._core import settings
-from flyreg._core.fileio import warn_once, write_json_atomic
-from flyreg._artifacts.store import name_part
+from flyreg._core.fileio import remove_abandoned_temps, warn_once
 
-SCHEMA = 1
+SCHEMA = 2
+DB_NAME = "flyreg-cache.sqlite3"
+#: How long a writer waits for another process's transaction before giving up (seconds).
+BUSY_TIMEOUT = 30.0
+
+_local = threading.local()
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS entries (op TEXT NOT NULL, key TEXT NOT NULL, entry TEXT NOT NULL, "
+    "updated REAL NOT NULL, PRIMARY KEY (op, key)) WITHOUT ROWID",
+)
 
 
 def cache_dir() -> Path:
@@ -23,100 +41,170 @@ def cache_dir() -> Path:
     return settings.current().cache_dir
 
 
-def cache_file(op: str) -> Path:
-    """The scratch cache file of ``op``; distinct ops never share one (``a/b`` and ``a_b`` differ)."""
-    return cache_dir() / f"{name_part(op)}.json"
+def database() -> Path:
+    """The cache database of the current cache dir (every op's entries live in it)."""
+    return cache_dir() / DB_NAME
 
 
-def _parse(text: str) -> dict[str, Any]:
-    """The content of a flyreg cache file of this schema; ``ValueError`` for anything else."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
-        raise ValueError("not a flyreg cache file of schema 1")
-    return data
+class _Foreign(Exception):
+    """The file at the database path is not a flyreg cache database of this schema."""
 
 
-def _read(path: Path, op: str | None = None) -> dict[str, Any] | None:
-    """The entries of ``path``; ``{}`` when absent, ``None`` (with a warning) when corrupt or of another op.
-
-    With ``op``, a file whose ``"op"`` field names another op is not this op's cache (a file
-    written by hand, or by a flyreg that gave two ops one file name) and is ignored like a
-    corrupt one.
-    """
+def _check_regular(path: Path) -> None:
     try:
-        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
     except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError) as e:
-        warn_once(f"flyreg: cannot read cache file {path}: {e}; ignoring it")
-        return None
+        return
+    if not stat.S_ISREG(mode):
+        raise _Foreign("not a regular file")
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """A connection to ``path`` with this schema in place; :class:`_Foreign` when the file is not ours."""
+    _check_regular(path)
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
     try:
-        data = _parse(text)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        with _transaction(conn):
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and tables != {"meta", "entries"}:
+                raise _Foreign(f"it holds the tables {sorted(tables)}, not flyreg's")
+            for ddl in _DDL:
+                conn.execute(ddl)
+            row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
+            elif row[0] != str(SCHEMA):
+                raise _Foreign(f"schema {row[0]}, expected {SCHEMA}")
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(entries)")]
+        if cols != ["op", "key", "entry", "updated"]:
+            raise _Foreign(f"table 'entries' has columns {cols}")
+    except (sqlite3.DatabaseError, _Foreign) as e:
+        conn.close()
+        raise _Foreign(str(e)) from None
+    return conn
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _move_aside(path: Path, why: str) -> None:
+    """Rename ``path`` (and its WAL files) to ``<name>.corrupt-<time>``, under a lock; never delete it."""
+    with filelock.FileLock(f"{path}.lock"):
+        try:
+            with contextlib.closing(_open(path)):
+                return  # another process rebuilt it meanwhile
+        except _Foreign:
+            pass
+        stamp = time.time_ns()
+        for suffix in ("", "-wal", "-shm"):
+            src = path.with_name(path.name + suffix)
+            if os.path.lexists(src):
+                os.replace(src, path.with_name(f"{path.name}{suffix}.corrupt-{stamp}"))
+    warn_once(f"flyreg: the scratch cache {path} is unusable ({why}); moved it aside as "
+              f"{path.name}.corrupt-{stamp} and started a new one", key=f"cache-aside:{path}:{stamp}")
+
+
+def _connection(create: bool) -> sqlite3.Connection | None:
+    """This thread's connection to the current cache database; None when absent and ``create`` is false."""
+    path = database()
+    conns: dict[tuple[int, Path], sqlite3.Connection] = getattr(_local, "conns", None) or {}
+    _local.conns = conns
+    key = (os.getpid(), path)
+    conn = conns.get(key)
+    if conn is not None:
+        if path.is_file():
+            return conn
+        conns.pop(key).close()  # deleted or replaced under us (cache clear, a test): reopen
+    if not create and not os.path.lexists(path):
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = _open(path)
+    except _Foreign as e:
+        _move_aside(path, str(e))
+        conn = _open(path)
+    conns[key] = conn
+    return conn
+
+
+def _decode(path: Path, op: str, key: str, text: str) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(text)
     except (ValueError, RecursionError) as e:
-        warn_once(f"flyreg: ignoring corrupt cache file {path}: {e}", key=f"corrupt:{path}:{len(text)}")
+        warn_once(f"flyreg: ignoring a corrupt entry of op {op!r} in {path}: {e}", key=f"bad-entry:{path}:{op}:{key}")
         return None
-    if op is not None and "op" in data and data["op"] != op:
-        warn_once(f"flyreg: ignoring cache file {path}: it holds the entries of op {data.get('op')!r}, "
-                  f"not {op!r}", key=f"other-op:{path}:{op}")
-        return None
-    return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+    return entry if isinstance(entry, dict) else None
 
 
-def _is_cache_file(path: Path) -> bool:
-    """True when ``path`` is a flyreg cache file of this schema (read quietly: no warning)."""
+def _read(sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     try:
-        _parse(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return True
+        conn = _connection(create=False)
+        return [] if conn is None else conn.execute(sql, params).fetchall()
+    except sqlite3.DatabaseError as e:  # damaged after opening: warn, serve nothing from it
+        warn_once(f"flyreg: cannot read the scratch cache {database()}: {e}; ignoring it", key=f"cache-read:{e}")
+        return []
+
+
+def get(op: str, key: str) -> dict[str, Any] | None:
+    """The entry of ``op`` under ``key``, or None; one indexed read, never raises on a bad database."""
+    rows = _read("SELECT entry FROM entries WHERE op = ? AND key = ?", (op, key))
+    return _decode(database(), op, key, rows[0][0]) if rows else None
 
 
 def load(op: str) -> dict[str, dict[str, Any]]:
-    """All entries of ``op``'s cache file, key -> entry; never raises on a bad file."""
-    return _read(cache_file(op), op) or {}
+    """Every entry of ``op``, key -> entry (for listing and lookups by spec; a call uses :func:`get`)."""
+    out = {}
+    for key, text in _read("SELECT key, entry FROM entries WHERE op = ? ORDER BY key", (op,)):
+        entry = _decode(database(), op, key, text)
+        if entry is not None:
+            out[key] = entry
+    return out
+
+
+def counts() -> dict[str, int]:
+    """Entries per op in the current cache database."""
+    return {op: n for op, n in _read("SELECT op, COUNT(*) FROM entries GROUP BY op ORDER BY op", ())}
 
 
 def store(op: str, key: str, entry: dict[str, Any]) -> Path:
-    """Add ``entry`` under ``key`` to ``op``'s cache file, keeping every other process's entries.
+    """Add (or replace) ``entry`` under ``key`` for ``op``: one small transaction; returns the database."""
+    text = json.dumps(entry, sort_keys=True)
+    conn = _connection(create=True)
+    assert conn is not None
+    with _transaction(conn):
+        conn.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", (op, key, text, time.time()))
+    return database()
 
-    A corrupt file, or one holding another op's entries, is moved aside (``.corrupt-<time>``),
-    never overwritten.
+
+def clear(op: str | None = None) -> int:
+    """Delete ``op``'s entries, or every op's, and the temp files killed writers left; returns entries removed.
+
+    Anything else in the cache directory (a user's file, a database moved aside) is left alone.
     """
-    path = cache_file(op)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(f"{path}.lock"):
-        entries = _read(path, op)
-        if entries is None:
-            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
-            entries = {}
-        entries[key] = entry
-        write_json_atomic(path, {"schema": SCHEMA, "op": op, "entries": entries})
-    return path
+    remove_abandoned_temps(cache_dir())
+    conn = _connection(create=False)
+    if conn is None:
+        return 0
+    with _transaction(conn):
+        if op is None:
+            cur = conn.execute("DELETE FROM entries")
+        else:
+            cur = conn.execute("DELETE FROM entries WHERE op = ?", (op,))
+    return cur.rowcount
 
 
-def clear(op: str | None = None) -> list[Path]:
-    """Delete ``op``'s cache file, or every op's; returns the files removed.
-
-    Only flyreg cache files are deleted: anything else in the cache directory (a user's
-    ``notes.json``, a corrupt file, a file moved aside) is left alone. Lock files stay, as
-    filelock expects: deleting one another process may be waiting on would break its lock.
-    """
-    directory = cache_dir()
-    if op is not None:
-        paths = [cache_file(op)]
-    else:
-        try:
-            paths = sorted(p for p in directory.glob("*.json") if p.is_file())
-        except OSError:
-            paths = []
-    removed = []
-    for p in paths:
-        if not _is_cache_file(p):  # absent (no lock file is made for it), or not ours
-            continue
-        with filelock.FileLock(f"{p}.lock"):
-            if not _is_cache_file(p):  # deleted or replaced by another process meanwhile
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-                removed.append(p)
-    return removed
+def close() -> None:
+    """Close this thread's connections (tests; a process's connections close at exit)."""
+    for conn in (getattr(_local, "conns", None) or {}).values():
+        conn.close()
+    _local.conns = {}

@@ -365,15 +365,17 @@ def test_check_good_and_bad_dirs(cmd: Flyreg, tuned: Any, tmp_path: Path) -> Non
 
 # -- cache ---------------------------------------------------------------------------------------------------
 def test_cache_path_and_clear(cmd: Flyreg, tuned: Any) -> None:
-    path_all, path_op = cmd.many([["cache", "path"], ["cache", "path", "rmsnorm"]])
-    assert path_all.stdout == f"{cmd.dirs['cache']}\n"
-    assert path_op.stdout == f"{cmd.dirs['cache'] / 'rmsnorm.json'}\n"
-    assert (cmd.dirs["cache"] / "rmsnorm.json").is_file()  # the tune filled the scratch cache
+    database = cmd.dirs["cache"] / "flyreg-cache.sqlite3"
+    (path_all,) = cmd.many([["cache", "path"]])
+    assert path_all.stdout == f"{database}\n"
+    assert database.is_file()  # the tune filled the scratch cache
     one = cmd.run("cache", "clear", "rmsnorm")
-    assert (one.returncode, one.stdout) == (0, f"removed 1 cache file(s) from {cmd.dirs['cache']}\n")
-    assert not (cmd.dirs["cache"] / "rmsnorm.json").exists()
+    assert one.returncode == 0 and one.stdout.startswith("removed ") and one.stdout.endswith(f" from {database}\n")
+    assert int(one.stdout.split()[1]) >= 1
+    again = cmd.run("cache", "clear", "rmsnorm")
+    assert again.stdout == f"removed 0 cache entries from {database}\n"
     everything = cmd.run("cache", "clear")
-    assert everything.returncode == 0 and everything.stdout.startswith("removed 0 cache file(s)")
+    assert everything.returncode == 0 and everything.stdout.startswith("removed ")
 
 
 # -- interruption --------------------------------------------------------------------------------------------
@@ -445,7 +447,6 @@ def test_show_names_only_an_artifact_the_runtime_would_serve_and_clear_keeps_use
     notes.write_text('{"mine": true}', encoding="utf-8")
     one = run.run("cache", "clear", "notes")
     everything = run.run("cache", "clear")
-    assert one.returncode == 0 and one.stdout.startswith("removed 0 cache file(s)")
-    assert "is not a flyreg cache file; left it in place" in one.stderr
-    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache file(s)")
-    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]  # lock files may stay
+    assert one.returncode == 2 and "unknown op 'notes'" in one.stderr  # a file's name does not make an op
+    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache entry")
+    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]

@@ -164,7 +164,7 @@ def test_an_artifact_the_cli_tuned_into_a_home_dir_is_served(rowscale: Registry,
     result = CliRunner().invoke(cli, ["tune", "rowscale", "--spec", "M=256,N=32,op=scale", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     (artifact,) = (tmp_path / "x").iterdir()
-    assert (tmp_path / "scratch" / "rowscale.json").is_file()
+    assert (tmp_path / "scratch" / cache.DB_NAME).is_file()
     assert list(work.iterdir()) == []  # no literal ./~/x
     cache.clear()  # the runtime must find the artifact, not the scratch entry the search also wrote
     flyreg.unregister("rowscale")
