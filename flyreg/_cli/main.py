@@ -422,9 +422,14 @@ def _one_line_warnings() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (also ``python -m flyreg``)."""
+    from flyreg._cli import supervise
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if supervise.wanted(args):
+        sys.exit(supervise.run(args))
     _one_line_warnings()
     try:
-        code = cli.main(args=argv, prog_name="flyreg", standalone_mode=False)
+        code = cli.main(args=args, prog_name="flyreg", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("flyreg: interrupted", err=True)
         sys.exit(130)
@@ -438,4 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+    status = code if isinstance(code, int) else 0
+    if status == 0:
+        supervise.mark_done()
+    sys.exit(status)

@@ -450,3 +450,30 @@ def test_show_names_only_an_artifact_the_runtime_would_serve_and_clear_keeps_use
     assert one.returncode == 2 and "unknown op 'notes'" in one.stderr  # a file's name does not make an op
     assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache entry")
     assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]
+
+
+# -- plugins that end or hang the process while loading ---------------------------------------------------
+def test_a_plugin_that_exits_at_import_never_makes_check_or_list_pass(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "exiting-ops", "[flyreg.ops]\nexiting = exiting_ops\n",
+                             {"exiting_ops/__init__.py": "import os\nos._exit(0)\n"})
+    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rmsnorm,M=256,N=4096,backend=cpu,dtype=float32,device=x.json").write_text('{"schema": 1, "op": "rms')
+    check, listed = run.many([["check", str(bad)], ["list"]])
+    for proc in (check, listed):
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "ended before it finished" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_plugin_that_hangs_at_import_is_listed_as_broken(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "hanging-ops", "[flyreg.ops]\nhanging = hanging_ops\n",
+                             {"hanging_ops/__init__.py": "import threading\nthreading.Event().wait()\n"})
+    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site), FLYREG_PLUGIN_TIMEOUT="1")
+    start = time.monotonic()
+    listed = run.run("list", "--json")
+    assert time.monotonic() - start < 60
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["op"]: r for r in json.loads(listed.stdout)["ops"]}
+    assert rows["hanging"]["status"] == "broken" and "load timed out" in rows["hanging"]["error"]
+    assert rows["rmsnorm"]["status"] == "ok"
