@@ -125,7 +125,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLYREG_COMPILE_THREADS", "compile_threads", "an int >= 1", "the CPU count, at most 16",
              "threads that bind (and so compile) a search's candidates", _positive_int, default_compile_threads),
     Variable("FLYREG_PLUGIN_TIMEOUT", "plugin_timeout", "seconds > 0", "30",
-             "the longest loading one op's plugin may take", _positive_seconds, lambda: 30.0),
+             "how long an op's plugin may take to import and describe itself before it is marked broken", _positive_seconds, lambda: 30.0),
 )
 
 NAMES = tuple(v.name for v in VARIABLES)

@@ -62,18 +62,10 @@ class _Entry:
     loading: threading.Event | None = None
 
 
-#: Seconds an op plugin may take to import and describe itself before it is marked broken.
-DEFAULT_PLUGIN_TIMEOUT = 30.0
-
-
 def plugin_load_timeout() -> float:
-    """The plugin load time limit in seconds (``FLYREG_PLUGIN_TIMEOUT``, default 30)."""
-    raw = os.environ.get("FLYREG_PLUGIN_TIMEOUT", "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_PLUGIN_TIMEOUT
-    return value if value > 0 else DEFAULT_PLUGIN_TIMEOUT
+    """Seconds an op plugin may take to import and describe itself before it is marked broken
+    (``FLYREG_PLUGIN_TIMEOUT``, default 30)."""
+    return settings.current().plugin_timeout
 
 
 def _canonical(distribution: str) -> str:
