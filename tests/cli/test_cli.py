@@ -227,8 +227,9 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     assert "is a file" in one_line_error(out_file, 2)
     assert "cannot create" in one_line_error(out_under_file, 2)
     assert "--spec needs the OP" in one_line_error(spec_no_op, 2)
-    line = one_line_error(incomplete, 1)  # nothing cached, no artifact, and the default cannot work it out
-    assert "rmsnorm: no config for spec N=1024" in line and "M, N, backend, dtype" in line
+    line = one_line_error(incomplete, 2)  # M stands for its buckets, backend is the CPU's: dtype is missing
+    assert "rmsnorm: spec {'N': 1024} does not fit the op's axes: missing dtype." in line
+    assert "dtype (str, one of bfloat16|float16|float32)" in line
     assert not list(cmd.dirs["cache"].iterdir())  # the typo created no cache file nor lock
 
 

@@ -306,8 +306,8 @@ BROKEN = [
     (WrongArgNames, r"hook build\(cfg, spec\) takes \['cfg'\], which the hook build\(config, spec\) does not pass"),
     (UnknownHook, r"unknown hook 'buidl'"),
     (BadDescribeKeys, r"unknown keys \['structual'\]"),
-    (BadDescribeTypes, r"describe\(\)\['structural'\] must be a list of names"),
-    (BadDescribeTiming, r"describe\(\)\['timing'\] must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
+    (BadDescribeTypes, r"op 'bad': describe\(\): structural must be a list of names, got 'ROWS'"),
+    (BadDescribeTiming, r"describe\(\): timing must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
 ]
 
 
@@ -688,10 +688,9 @@ class RestoreNotAnArgument(RowScale):
 
 
 @pytest.mark.parametrize(("cls", "message"), [
-    (ResetWithoutArgNames, r"describe\(\)\['reset_to_zero'\] names arguments \['out'\], but describe\(\) gives no "
-                           r"'arg_names'"),
-    (RestoreNotAnArgument, r"describe\(\)\['restore_value'\] names arguments \['acc', 'res'\] that are not in "
-                           r"describe\(\)\['arg_names'\] \['x', 's', 'out'\]"),
+    (ResetWithoutArgNames, r"describe\(\): reset_to_zero names arguments \['out'\], but no arg_names are given"),
+    (RestoreNotAnArgument, r"describe\(\): restore_value names arguments \['acc', 'res'\] that are not in "
+                           r"arg_names \['x', 's', 'out'\]"),
 ])
 def test_restore_and_reset_names_must_be_arguments(use_registry: Callable[..., Registry], cls: type,
                                                    message: str) -> None:
