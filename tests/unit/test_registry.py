@@ -714,9 +714,9 @@ def test_in_tree_and_thirdparty_plugins_pass_the_check(monkeypatch: pytest.Monke
     plugins = [("rmsnorm", rms.rmsnorm), ("fused_add_rmsnorm", rms.fused_add_rmsnorm),
                *((n, importlib.import_module(f"flyreg_scale.{n}")) for n in ("scale", "rowsum"))]
     for name, obj in plugins:
-        d = OpPlugin(name, obj).description
+        d = OpPlugin(name, obj).record
         assert set(d.restore_value) | set(d.reset_to_zero) <= set(d.arg_names or ())
-    assert OpPlugin("fused", rms.fused_add_rmsnorm).description.restore_value == ("residual",)
+    assert OpPlugin("fused", rms.fused_add_rmsnorm).record.restore_value == ("residual",)
 
 
 # -- flyreg tune's view of an existing artifact ----------------------------------------------------------
