@@ -395,44 +395,37 @@ def check(dirs: tuple[Path, ...], strict: bool) -> None:
 
 @cli.group()
 def cache() -> None:
-    """The scratch disk cache (FLYREG_CACHE_DIR, else the user cache dir)."""
+    """The scratch disk cache: one SQLite database in FLYREG_CACHE_DIR, else the user cache dir."""
 
 
 def _cache_op(op_name: str | None) -> None:
-    """Reject an op name that is neither registered nor has a cache file (a typo)."""
+    """Reject an op name that is neither registered nor has cache entries (a typo)."""
     from flyreg._artifacts import cache as scratch
     from flyreg._plugins.registry import REGISTRY
 
-    if op_name is not None and op_name not in REGISTRY.names() and not scratch.cache_file(op_name).exists():
+    if op_name is not None and op_name not in REGISTRY.names() and op_name not in scratch.counts():
         _check_op_names([op_name])
 
 
 @cache.command("path")
-@click.argument("op_name", required=False, metavar="[OP]")
 @_user_errors
-def cache_path(op_name: str | None) -> None:
-    """Print the cache directory, or OP's cache file."""
+def cache_path() -> None:
+    """Print the cache database (every op's entries live in it)."""
     from flyreg._artifacts import cache as scratch
 
-    _cache_op(op_name)
-    click.echo(str(scratch.cache_file(op_name) if op_name else scratch.cache_dir()))
+    click.echo(str(scratch.database()))
 
 
 @cache.command("clear")
 @click.argument("op_name", required=False, metavar="[OP]")
 @_user_errors
 def cache_clear(op_name: str | None) -> None:
-    """Delete OP's cache file, or every op's; other files in the cache directory are left alone."""
+    """Delete OP's cache entries, or every op's, and temp files left by killed writers."""
     from flyreg._artifacts import cache as scratch
 
     _cache_op(op_name)
-    directory = scratch.cache_dir()
-    removed = []
-    if directory.is_dir() and (op_name is None or scratch.cache_file(op_name).exists()):
-        removed = scratch.clear(op_name)
-    click.echo(f"removed {len(removed)} cache file(s) from {directory}")
-    if op_name is not None and not removed and scratch.cache_file(op_name).exists():
-        click.echo(f"flyreg: {scratch.cache_file(op_name)} is not a flyreg cache file; left it in place", err=True)
+    removed = scratch.clear(op_name)
+    click.echo(f"removed {removed} cache entr{'y' if removed == 1 else 'ies'} from {scratch.database()}")
 
 
 # -- entry point ----------------------------------------------------------------------------------------
@@ -455,9 +448,14 @@ def _one_line_warnings() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (also ``python -m flyreg``)."""
+    from flyreg._cli import supervise
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if supervise.wanted(args):
+        sys.exit(supervise.run(args))
     _one_line_warnings()
     try:
-        code = cli.main(args=argv, prog_name="flyreg", standalone_mode=False)
+        code = cli.main(args=args, prog_name="flyreg", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("flyreg: interrupted", err=True)
         sys.exit(130)
@@ -471,4 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+    status = code if isinstance(code, int) else 0
+    if status == 0:
+        supervise.mark_done()
+    sys.exit(status)

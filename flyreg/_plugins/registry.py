@@ -58,6 +58,21 @@ class _Entry:
     error: str | None = None
     tuner: Autotuner | None = None
     loaded: bool = False
+    loading: threading.Event | None = None
+
+
+#: Seconds an op plugin may take to import and describe itself before it is marked broken.
+DEFAULT_PLUGIN_TIMEOUT = 30.0
+
+
+def plugin_load_timeout() -> float:
+    """The plugin load time limit in seconds (``FLYREG_PLUGIN_TIMEOUT``, default 30)."""
+    raw = os.environ.get("FLYREG_PLUGIN_TIMEOUT", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_PLUGIN_TIMEOUT
+    return value if value > 0 else DEFAULT_PLUGIN_TIMEOUT
 
 
 def disabled_ops() -> set[str]:
@@ -122,14 +137,42 @@ class Registry:
             return self._entries
 
     def _load(self, entry: _Entry) -> None:
+        """Import and check ``entry``'s plugin in a thread of its own, within the load time limit.
+
+        No lock is held while plugin code runs: other ops load and serve meanwhile. A plugin past
+        the limit is broken ("load timed out"); its thread is left to finish on its own and
+        changes nothing then. ``SystemExit`` from a plugin is recorded like any error.
+        """
         with self._lock:
             if entry.loaded:
                 return
-            entry.loaded = True
-            try:
-                entry.plugin = OpPlugin(entry.name, entry.load())
-            except Exception as e:  # any failure isolates this op only
-                entry.error = str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
+            done = entry.loading
+            if done is None:
+                done = entry.loading = threading.Event()
+                threading.Thread(target=self._load_now, args=(entry, done), daemon=True,
+                                 name=f"flyreg-load-{entry.name}").start()
+        limit = plugin_load_timeout()
+        if not done.wait(limit):
+            with self._lock:
+                if not entry.loaded:
+                    entry.loaded = True
+                    entry.error = (f"load timed out: importing or describing the plugin took longer than "
+                                   f"{limit:g} s (FLYREG_PLUGIN_TIMEOUT)")
+
+    def _load_now(self, entry: _Entry, done: threading.Event) -> None:
+        plugin, error = None, None
+        try:
+            plugin = OpPlugin(entry.name, entry.load())
+        except PluginError as e:
+            error = str(e)
+        except SystemExit as e:
+            error = f"the plugin called sys.exit({e.code!r}) while loading"
+        except Exception as e:  # any failure isolates this op only
+            error = f"{type(e).__name__}: {e}"
+        with self._lock:
+            if not entry.loaded:  # not timed out meanwhile
+                entry.plugin, entry.error, entry.loaded = plugin, error, True
+        done.set()
 
     def register(self, obj: object, name: str, *, distribution: str = IN_PROCESS, version: str = "0") -> None:
         """Register ``obj`` (a module or instance implementing the hooks) as op ``name`` in this process.
@@ -138,16 +181,21 @@ class Registry:
         """
         _check_name(name)
         entries = self._discover()
+        self._check_free(entries, name)
+        entry = _Entry(name, distribution, version, lambda: obj)
+        self._load(entry)  # outside the lock: the load runs plugin code
+        if entry.plugin is None:
+            raise PluginError(entry.error or f"op {name!r} is broken")
         with self._lock:
-            if name in entries:
-                raise ValueError(f"op {name!r} is already registered by {entries[name].distribution}; "
-                                 f"unregister it first")
-            entry = _Entry(name, distribution, version, lambda: obj)
-            self._load(entry)
-            if entry.plugin is None:
-                raise PluginError(entry.error or f"op {name!r} is broken")
+            self._check_free(entries, name)
             _forget_builds(name)  # a previous op of this name may have left launch callables
             entries[name] = entry
+
+    @staticmethod
+    def _check_free(entries: dict[str, _Entry], name: str) -> None:
+        if name in entries:
+            raise ValueError(f"op {name!r} is already registered by {entries[name].distribution}; "
+                             f"unregister it first")
 
     def unregister(self, name: str) -> None:
         """Remove op ``name`` from this process (with its tuner and built launch callables).

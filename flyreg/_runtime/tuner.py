@@ -285,7 +285,7 @@ class Autotuner:
         return next((c for c in self._known(spec) if c == config), config)
 
     def _from_disk(self, pkey: str, spec: dict[str, JSONScalar]) -> Resolution | None:
-        entry = cache.load(self.name).get(pkey)
+        entry = cache.get(self.name, pkey)
         return self._disk_resolution(entry, spec) if entry is not None else None
 
     def _from_disk_by_spec(self, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Resolution | None:
@@ -300,7 +300,7 @@ class Autotuner:
         return None
 
     def _disk_resolution(self, entry: dict[str, Any], spec: dict[str, JSONScalar]) -> Resolution | None:
-        path = cache.cache_file(self.name)
+        path = cache.database()
         try:
             config = Config.from_json(entry.get("config"))
         except (TypeError, ValueError) as e:

@@ -93,6 +93,23 @@ def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
     return pid * ROWS + tl.arange(0, ROWS)
 
 
+#: Largest finite float32: a row whose float32 sum of squares exceeds it is normalized by its scaled values.
+F32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _rstd(ss, N: tl.constexpr, eps):
+    return tl.rsqrt(ss / N + eps)
+
+
+@triton.jit
+def _rstd_scaled(ss, amax, ss_scaled, N: tl.constexpr, eps):
+    # rows whose sum of squares overflowed: 1 / (amax * sqrt(sum((x / amax)^2) / N + eps / amax^2));
+    # every other row keeps the plain value bit for bit.
+    big = tl.rsqrt(ss_scaled / N + eps / (amax * amax)) / amax
+    return tl.where(ss > F32_MAX, big, _rstd(ss, N, eps))
+
+
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
 # every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) and
 # OFF64 (whether M rows need int64 indices) are the bits of M a binary depends on. N is a
@@ -119,7 +136,12 @@ def _rmsnorm_kernel(
         x = tl.load(X + (x_row + cols[None, :]), mask=mask, other=0.0).to(tl.float32)
         # In flight with x, not after the sum; evict_last keeps the weight, read by every program, in L2.
         w = tl.load(W + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        ss = tl.sum(x * x, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:  # overflow: rare, off the common path
+            amax = tl.max(tl.abs(x), axis=1)
+            xs = x / amax[:, None]
+            rstd = _rstd_scaled(ss, amax, tl.sum(xs * xs, axis=1), N, eps)
         y = x * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
     else:
@@ -130,7 +152,23 @@ def _rmsnorm_kernel(
             mask = row_mask & (c < N)[None, :]
             x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
+        ss = tl.sum(acc, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:  # overflow: two more passes, only then
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32) / amax[:, None]
+                acc += x * x
+            rstd = _rstd_scaled(ss, amax, tl.sum(acc, axis=1), N, eps)
+        rstd = rstd[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
@@ -163,7 +201,12 @@ def _fused_add_rmsnorm_kernel(
         h = (r + x).to(R.dtype.element_ty)
         tl.store(R + (r_row + cols[None, :]), h, mask=mask)
         v = h.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(v * v, axis=1) / N + eps)
+        ss = tl.sum(v * v, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:
+            amax = tl.max(tl.abs(v), axis=1)
+            vs = v / amax[:, None]
+            rstd = _rstd_scaled(ss, amax, tl.sum(vs * vs, axis=1), N, eps)
         y = v * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
     else:
@@ -177,7 +220,26 @@ def _fused_add_rmsnorm_kernel(
             r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             v = (r + x).to(R.dtype.element_ty).to(tl.float32)
             acc += v * v
-        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
+        ss = tl.sum(acc, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:  # overflow: two more read-only passes, only then
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.max(tl.abs((r + x).to(R.dtype.element_ty).to(tl.float32)), axis=1))
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                v = (r + x).to(R.dtype.element_ty).to(tl.float32) / amax[:, None]
+                acc += v * v
+            rstd = _rstd_scaled(ss, amax, tl.sum(acc, axis=1), N, eps)
+        rstd = rstd[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N

@@ -366,15 +366,17 @@ def test_check_good_and_bad_dirs(cmd: Flyreg, tuned: Any, tmp_path: Path) -> Non
 
 # -- cache ---------------------------------------------------------------------------------------------------
 def test_cache_path_and_clear(cmd: Flyreg, tuned: Any) -> None:
-    path_all, path_op = cmd.many([["cache", "path"], ["cache", "path", "rmsnorm"]])
-    assert path_all.stdout == f"{cmd.dirs['cache']}\n"
-    assert path_op.stdout == f"{cmd.dirs['cache'] / 'rmsnorm.json'}\n"
-    assert (cmd.dirs["cache"] / "rmsnorm.json").is_file()  # the tune filled the scratch cache
+    database = cmd.dirs["cache"] / "flyreg-cache.sqlite3"
+    (path_all,) = cmd.many([["cache", "path"]])
+    assert path_all.stdout == f"{database}\n"
+    assert database.is_file()  # the tune filled the scratch cache
     one = cmd.run("cache", "clear", "rmsnorm")
-    assert (one.returncode, one.stdout) == (0, f"removed 1 cache file(s) from {cmd.dirs['cache']}\n")
-    assert not (cmd.dirs["cache"] / "rmsnorm.json").exists()
+    assert one.returncode == 0 and one.stdout.startswith("removed ") and one.stdout.endswith(f" from {database}\n")
+    assert int(one.stdout.split()[1]) >= 1
+    again = cmd.run("cache", "clear", "rmsnorm")
+    assert again.stdout == f"removed 0 cache entries from {database}\n"
     everything = cmd.run("cache", "clear")
-    assert everything.returncode == 0 and everything.stdout.startswith("removed 0 cache file(s)")
+    assert everything.returncode == 0 and everything.stdout.startswith("removed ")
 
 
 # -- interruption --------------------------------------------------------------------------------------------
@@ -446,10 +448,36 @@ def test_show_names_only_an_artifact_the_runtime_would_serve_and_clear_keeps_use
     notes.write_text('{"mine": true}', encoding="utf-8")
     one = run.run("cache", "clear", "notes")
     everything = run.run("cache", "clear")
-    assert one.returncode == 0 and one.stdout.startswith("removed 0 cache file(s)")
-    assert "is not a flyreg cache file; left it in place" in one.stderr
-    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache file(s)")
-    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]  # lock files may stay
+    assert one.returncode == 2 and "unknown op 'notes'" in one.stderr  # a file's name does not make an op
+    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache entry")
+    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]
+
+
+# -- plugins that end or hang the process while loading ---------------------------------------------------
+def test_a_plugin_that_exits_at_import_never_makes_check_or_list_pass(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "exiting-ops", "[flyreg.ops]\nexiting = exiting_ops\n",
+                             {"exiting_ops/__init__.py": "import os\nos._exit(0)\n"})
+    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rmsnorm,M=256,N=4096,backend=cpu,dtype=float32,device=x.json").write_text('{"schema": 1, "op": "rms')
+    check, listed = run.many([["check", str(bad)], ["list"]])
+    for proc in (check, listed):
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "ended before it finished" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_plugin_that_hangs_at_import_is_listed_as_broken(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "hanging-ops", "[flyreg.ops]\nhanging = hanging_ops\n",
+                             {"hanging_ops/__init__.py": "import threading\nthreading.Event().wait()\n"})
+    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site), FLYREG_PLUGIN_TIMEOUT="1")
+    start = time.monotonic()
+    listed = run.run("list", "--json")
+    assert time.monotonic() - start < 60
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["op"]: r for r in json.loads(listed.stdout)["ops"]}
+    assert rows["hanging"]["status"] == "broken" and "load timed out" in rows["hanging"]["error"]
+    assert rows["rmsnorm"]["status"] == "ok"
 
 
 # -- specs checked against the op's declared axes ----------------------------------------------------------

@@ -619,3 +619,32 @@ def test_gpu_dependent_launches_read_what_the_kernel_before_wrote(pdl: bool, M: 
     torch.cuda.synchronize()
     assert rel_err(r, want_r) <= TOL[torch.bfloat16]
     assert rel_err(out, want_y.double()) <= 2 * TOL[torch.bfloat16]
+
+
+# ---- rows whose float32 sum of squares overflows -----------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N, block_n", [(48, 64), (48, 16)])  # one pass over the row, and chunks
+def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype,
+                                                                  N: int, block_n: int) -> None:
+    M = 5
+    x = randn((M, N), torch.float32, seed=11)
+    x[0] *= 1e20  # x^2 overflows float32 (and so does the sum)
+    x[1] *= 3e37  # near the top of the range
+    x[3] *= 1e-20  # tiny, in the same tile as the huge rows: keeps its plain value
+    x = x.to(dtype).to(backend.device)
+    w = randn((N,), torch.float32, seed=12).to(dtype).to(backend.device)
+    residual = torch.zeros_like(x)
+    configs = [c for c in backend.configs({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": 8})
+               if c.kwargs.get("BLOCK_N", block_n) == block_n] or [backend.default(spec_of(x))]
+    for config in configs[:3]:
+        y = backend.call(backend.rmsnorm, config, x, w, 1e-6)
+        ref = ref_rmsnorm(x, w, 1e-6)
+        assert torch.isfinite(ref).all() and ref.abs().max() > 0
+        for i in range(M):  # each row on its own: a tiny row must not hide in a huge row's error
+            assert rel_err(y[i], ref[i]) < TOL[dtype], (config, i)
+        r = residual.clone()
+        fused = backend.call(backend.fused, config, x, r, w, 1e-6)
+        for i in range(M):
+            assert rel_err(fused[i], ref[i]) < TOL[dtype], (config, i)

@@ -71,7 +71,7 @@ def test_lookup_order(isolated_dirs: dict[str, Path]) -> None:
     narrow.tune(x, out, emit=False)
     tuner, _ = double_op(name, default=DEFAULT)
     res = tuner.resolve(x, out)
-    assert (res.source, res.config, res.path) == ("cache", cached_cfg, str(cache.cache_file(name)))
+    assert (res.source, res.config, res.path) == ("cache", cached_cfg, str(cache.database()))
 
     cache.clear(name)
     path.unlink()
@@ -95,11 +95,8 @@ def test_forced_autotune_searches_and_rewrites(monkeypatch: pytest.MonkeyPatch,
     assert load_artifact(artifacts[0]).config == report.winner
 
     # Plant a stale result in both places; a forced search in a fresh tuner must overwrite them.
-    path = cache.cache_file(name)
-    data = json.loads(path.read_text())
-    (key,) = data["entries"]
-    data["entries"][key].update(time_ms=-1.0, config=Config({"CHUNK": 999}).to_json())
-    path.write_text(json.dumps(data))
+    ((key, stored),) = cache.load(name).items()
+    cache.store(name, key, {**stored, "time_ms": -1.0, "config": Config({"CHUNK": 999}).to_json()})
     art = json.loads(artifacts[0].read_text())
     art["config"] = Config({"CHUNK": 999}).to_json()
     artifacts[0].write_text(json.dumps(art))

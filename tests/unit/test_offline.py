@@ -378,10 +378,14 @@ def test_directories_are_listed_once_per_process(isolated_dirs: dict[str, Path],
             make_tuner(config_dirs=[plugin], ordered_axes=["N"]).resolve_spec({"N": n, "dtype": dtype})
     assert sorted(calls) == sorted(f"listdir {d}" for d in dirs)  # each lookup dir once, nothing else
     first = len(calls)
-    # an emission updates the listing it wrote into, without listing the directory again
+    # an emission updates the listing it wrote into; the directory is listed once more, by the first
+    # write into it in this process (which removes killed writers' temp files), and never again
     path = write_artifact(isolated_dirs["configs"], Config({"CHUNK": 4096}))
     res = make_tuner(config_dirs=[plugin]).resolve_spec(SPEC)
-    assert (res.source, res.path) == ("offline", str(path)) and len(calls) == first
+    assert (res.source, res.path) == ("offline", str(path))
+    assert calls[first:] == [f"listdir {isolated_dirs['configs']}"]
+    write_artifact(isolated_dirs["configs"], Config({"CHUNK": 1024}))
+    assert len(calls) == first + 1
 
 
 # -- device matching -----------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import importlib.metadata
 import json
 import sys
 import textwrap
+import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -777,3 +779,38 @@ def test_a_retune_moves_a_malformed_artifact_aside(empty_registry: Registry, tmp
     # a well-formed artifact is simply replaced by a re-tune
     tuner.tune(x, s, out, out_dir=tmp_path)
     assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
+
+
+# -- plugins that hang or exit while loading --------------------------------------------------------------
+def _hang() -> Any:
+    threading.Event().wait()  # never returns
+
+
+def _exit_at_import() -> Any:
+    sys.exit(3)
+
+
+def test_a_plugin_that_hangs_at_load_times_out_and_others_keep_working(
+        use_registry: Callable[..., Registry], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYREG_PLUGIN_TIMEOUT", "0.5")
+    reg = use_registry(ep("hangs", _hang), ep("double", RowScale()))
+    stuck = threading.Thread(target=lambda: reg.names() and reg.infos(), daemon=True)
+    stuck.start()  # another thread is blocked on the hanging load meanwhile
+    start = time.monotonic()
+    assert reg.plugin("double").name == "double"  # not blocked by the hanging load in the other thread
+    assert time.monotonic() - start < 0.4
+    infos = {i.name: i for i in reg.infos()}
+    assert time.monotonic() - start < 5
+    assert infos["hangs"].status == "broken" and "load timed out" in (infos["hangs"].error or "")
+    assert infos["double"].status == "ok"
+    with pytest.raises(OpUnavailableError, match="load timed out"):
+        reg.plugin("hangs")
+    stuck.join(timeout=5)
+    assert not stuck.is_alive()
+
+
+def test_a_plugin_that_calls_sys_exit_at_import_is_broken_not_fatal(use_registry: Callable[..., Registry]) -> None:
+    reg = use_registry(ep("exits", _exit_at_import), ep("double", RowScale()))
+    infos = {i.name: i for i in reg.infos()}
+    assert infos["exits"].status == "broken" and "sys.exit(3)" in (infos["exits"].error or "")
+    assert infos["double"].status == "ok"

@@ -493,6 +493,6 @@ def test_search_writes_a_complete_cache_entry() -> None:
     tuner, _ = double_op("entry_op", default=None)
     x, out = inputs()
     report = tuner.tune(x, out, emit=False)
-    (entry,) = json.loads(cache.cache_file("entry_op").read_text())["entries"].values()
+    (entry,) = cache.load("entry_op").values()
     assert Config.from_json(entry["config"]) == report.winner
     assert entry["spec"] == {"n": 256} and entry["time_ms"] == report.winner_ms
