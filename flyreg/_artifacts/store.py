@@ -292,8 +292,9 @@ class OfflineStore:
     """Finds the artifact serving an op's spec on a device, across the lookup directories."""
 
     def __init__(self, op: str, plugin_dirs: Iterable[str | os.PathLike[str]], ordered_axes: Iterable[str],
-                 op_version: str) -> None:
+                 op_version: str, spec_check: Callable[[dict[str, JSONScalar]], object] | None = None) -> None:
         self.op = op
+        self.spec_check = spec_check  # raises ValueError for a spec the op would never look up
         self.plugin_dirs = [Path(d) for d in plugin_dirs]
         self.ordered_axes = tuple(ordered_axes)
         self.op_version = op_version
@@ -394,6 +395,11 @@ class OfflineStore:
             problems.append(f"op {art.op!r} != {self.op!r}")
         if spec is not None and spec_text(art.spec) != spec_text(spec):
             problems.append(f"spec {spec_text(art.spec)} != {spec_text(spec)}")
+        elif spec is None and self.spec_check is not None:
+            try:
+                self.spec_check(dict(art.spec))
+            except ValueError as e:
+                problems.append(str(e))
         if same_product and art.device.name != device.name:
             problems.append(f"device {art.device.name!r} != {device.name!r}")
         if art.device.arch != device.arch:

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.keys import fingerprint, toolchain
+from flyreg._core.keys import SpecError, fingerprint, toolchain
 from flyreg._artifacts.store import ArtifactError, load_artifact, name_part, parse_filename
 
 #: ``accepts(op, spec, config)``: why ``op`` would not take ``config`` for ``spec``, or None.
@@ -48,7 +48,7 @@ def check_artifacts(
     the shared part of the toolchain (flyreg, torch, Triton, CUDA/HIP) is compared.
     ``accepts(op, spec, config)`` says why a known op would not take the artifact's config for
     its spec (None when it would); lookup ignores such a file, so it is an error. An exception
-    it raises is an error too. ``unavailable`` maps the ops that are registered but unusable
+    it raises is an error too (a ``SpecError`` says the spec does not fit the op's axes). ``unavailable`` maps the ops that are registered but unusable
     here to their status (``broken``, ``disabled``): their artifacts get a ``warning``, not an
     unknown-op error. Never raises for a bad file or directory.
     """
@@ -90,6 +90,9 @@ def _check_one(path: Path, known_ops: Mapping[str, str] | None, accepts: Accepts
     elif known and accepts is not None:
         try:
             why = accepts(art.op, dict(art.spec), art.config)
+        except SpecError as e:  # not a spec the op computes, so lookup never serves the file
+            found.append(Problem(path, "error", f"{e}; lookup never serves this file"))
+            why = None
         except Exception as e:  # a plugin's hook failing on this spec: lookup would fail on it too
             why = f"its configs() or default() failed on the spec: {type(e).__name__}: {' '.join(str(e).split())}"
         if why:

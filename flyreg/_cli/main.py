@@ -31,17 +31,18 @@ _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
 def _user_errors(fn: F) -> F:
-    """Turn flyreg's user-facing errors into one line and a non-zero exit (2 for an unknown op)."""
+    """Turn flyreg's user-facing errors into one line and a non-zero exit (2 for an unknown op or a bad spec)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from flyreg._core.keys import SpecError
         from flyreg._plugins.manager import PluginError
         from flyreg._plugins.registry import OpUnavailableError, UnknownOpError
         from flyreg._cli.tune_jobs import one_line
 
         try:
             return fn(*args, **kwargs)
-        except UnknownOpError as e:
+        except (UnknownOpError, SpecError) as e:
             raise click.UsageError(one_line(e, typed=False)) from None
         except (OpUnavailableError, PluginError, LookupError, ValueError, TypeError) as e:
             raise click.ClickException(one_line(e, typed=False)) from None
@@ -184,7 +185,7 @@ def list_ops(as_json: bool, device: str | None) -> None:
     for info in ops():
         plugin_dirs = []
         if info.status == "ok":
-            config_dir = REGISTRY.plugin(info.name).description.config_dir
+            config_dir = REGISTRY.plugin(info.name).record.config_dir
             plugin_dirs = [config_dir] if config_dir else []
         rows.append({
             "op": info.name, "distribution": info.distribution, "version": info.version, "status": info.status,
@@ -266,16 +267,23 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     """Show the config a runtime call of OP with this spec gets, and where it comes from.
 
     The lookup is the runtime's: the scratch cache, then the offline artifacts, then the op's
-    default. No search is run.
+    default. No search is run. For an op that declares its axes, the spec is checked against
+    them; an ordered or bucketed axis left out stands for each of its buckets (one row each),
+    and an axis with a device default left out gets the device's value.
     """
-    from flyreg._core.keys import identity_of
+    from flyreg._core.keys import identity_of, parse_device
+    from flyreg._plugins.record import spec_rows
     from flyreg._plugins.registry import REGISTRY, accepts
 
     tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
+    record = REGISTRY.plugin(op_name).record
     dev = resolve_device(device)
     ident = identity_of(dev)
+    wanted: list[dict[str, Any]] = []
+    for given in specs:
+        wanted.extend(s for s in spec_rows(op_name, record, given, parse_device(dev)[0]) if s not in wanted)
     out = []
-    for spec in specs:
+    for spec in wanted:
         try:
             res = tuner.resolve_spec(spec, dev)
         except Exception as e:
@@ -288,25 +296,46 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
         out.append((row, res.config))
     if as_json:
         click.echo(json.dumps([r for r, _ in out], indent=2))
-        return
+    elif len(out) > 1:
+        _show_table(op_name, ident, out)
+    else:
+        _show_one(op_name, ident, *out[0])
+
+
+def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
+    """The resolution of one spec, a line per fact."""
     from flyreg._cli.tune_jobs import config_str, spec_str
 
-    for i, (r, config) in enumerate(out):
-        if i:
-            click.echo()
-        click.echo(f"op:      {op_name}")
-        click.echo(f"spec:    {spec_str(r['spec'])}")
-        click.echo(f"device:  {ident.name} ({ident.arch})")
-        click.echo(f"config:  {config_str(config)}")
-        click.echo(f"source:  {r['source']}")
-        if r["path"]:
-            click.echo(f"path:    {r['path']}")
-        if r["nearest"]:
-            click.echo("note:    tuned for the nearest spec, not this one")
-        if r["stale"]:
-            click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
-        if r["offline"]:
-            click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+    click.echo(f"op:      {op}")
+    click.echo(f"spec:    {spec_str(r['spec'])}")
+    click.echo(f"device:  {ident.name} ({ident.arch})")
+    click.echo(f"config:  {config_str(config)}")
+    click.echo(f"source:  {r['source']}")
+    if r["path"]:
+        click.echo(f"path:    {r['path']}")
+    if r["nearest"]:
+        click.echo("note:    tuned for the nearest spec, not this one")
+    if r["stale"]:
+        click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
+    if r["offline"]:
+        click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+
+
+def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> None:
+    """The resolutions of several specs, a table row each."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from flyreg._cli.tune_jobs import config_str, make_console, spec_str
+
+    table = Table(title=f"{op} on {ident.name} ({ident.arch})")
+    for col in ("spec", "config", "source", "path"):
+        table.add_column(col, overflow="fold")
+    for r, config in out:
+        notes = [n for n, on in (("nearest", r["nearest"]), ("stale", r["stale"])) if on]
+        source = r["source"] + (f" ({', '.join(notes)})" if notes else "")
+        table.add_row(escape(spec_str(r["spec"])), escape(config_str(config)), source, escape(r["path"] or "-"))
+    make_console().print(table)
 
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
@@ -348,10 +377,10 @@ def check(dirs: tuple[Path, ...], strict: bool) -> None:
         if info.status != "ok":
             unavailable[info.name] = info.status
             continue
-        d = REGISTRY.plugin(info.name).description
-        known[info.name] = d.version
-        if d.config_dir:
-            plugin_dirs.append(d.config_dir)
+        rec = REGISTRY.plugin(info.name).record
+        known[info.name] = rec.version
+        if rec.config_dir:
+            plugin_dirs.append(rec.config_dir)
     targets = list(dirs) or [d for d in OfflineStore("", plugin_dirs, (), "0").dirs() if d.is_dir()]
     problems = check_artifacts(targets, known, accepts=accepts, unavailable=unavailable)
     n_files = sum(len([p for p in Path(d).iterdir() if p.name.endswith(".json")])

@@ -256,8 +256,8 @@ class Registry:
             if entry.plugin is None:
                 out.append(OpInfo(name, entry.distribution, entry.version, "broken", entry.error))
                 continue
-            d = entry.plugin.description
-            out.append(OpInfo(name, entry.distribution, entry.version, "ok", None, d.description, d.structural))
+            rec = entry.plugin.record
+            out.append(OpInfo(name, entry.distribution, entry.version, "ok", None, rec.description, rec.structural))
         return out
 
 
@@ -271,17 +271,17 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
     """Assemble the autotuner of one op from its registered hooks (it uses the shared build cache)."""
     from flyreg._runtime.builder import autotune_builder
 
-    d = plugin.description
+    rec = plugin.record
 
     def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
         return plugin.specialize(args, kwargs)
 
     tuner: Autotuner = autotune_builder(
-        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=d.structural,
-        arg_names=d.arg_names or (), restore_value=d.restore_value, reset_to_zero=d.reset_to_zero,
-        reference=plugin.reference if plugin.implements("reference") else None, key_env=d.key_env,
-        version=d.version, config_dirs=[d.config_dir] if d.config_dir else [], ordered_axes=d.ordered_axes,
-        timing=d.timing,
+        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=rec.structural,
+        arg_names=rec.arg_names or (), restore_value=rec.restore_value, reset_to_zero=rec.reset_to_zero,
+        reference=plugin.reference if plugin.implements("reference") else None, key_env=rec.key_env,
+        version=rec.version, config_dirs=[rec.config_dir] if rec.config_dir else [], ordered_axes=rec.ordered_axes,
+        timing=rec.timing, spec_check=plugin.check_spec if rec.axes else None,
     )
     return tuner
 
@@ -306,7 +306,11 @@ def resolve(name: str, *args: Any, **kwargs: Any) -> Resolution:
 
 
 def resolve_spec(name: str, spec: dict[str, Any], device: Any = None) -> Resolution:
-    """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search."""
+    """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search.
+
+    A spec that does not fit the op's declared axes raises :class:`~flyreg._core.keys.SpecError`; axes
+    it leaves out that have a device default get the device's value.
+    """
     return REGISTRY.tuner(name).resolve_spec(spec, device)
 
 
@@ -314,9 +318,12 @@ def accepts(name: str, spec: dict[str, JSONScalar], config: Config) -> str | Non
     """Why op ``name`` would not take ``config`` (read from a file) for ``spec``, or None if it would.
 
     Lookup serves a stored config only when it is one of the op's ``configs(spec)`` or its
-    ``default(spec)``, knobs and hints alike. Raises what the op's hooks raise for ``spec``.
+    ``default(spec)``, knobs and hints alike. Raises :class:`~flyreg._core.keys.SpecError` for a spec
+    that is not one the op stores (one that does not fit its declared axes), and what the op's hooks
+    raise for ``spec``.
     """
-    return REGISTRY.tuner(name)._accepts(config, spec)
+    tuner = REGISTRY.tuner(name)
+    return tuner._accepts(config, REGISTRY.plugin(name).check_spec(spec, stored=True))
 
 
 def ops() -> list[OpInfo]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
 import os
 import warnings
@@ -66,6 +67,10 @@ class Autotuner:
     A search on the CPU times single calls. A search ends with a final round wherever more than
     one config is close: the candidates closest to the fastest, and the default, are timed again
     over :data:`flyreg._search.engine.FINAL_SCALE` times the work, and only those times rank.
+
+    ``spec_check(spec, device)``, when given, checks and normalizes the spec of every call and of
+    :meth:`resolve_spec` (axes left out filled from the device); ``spec_check(spec, stored=True)``
+    vets the spec of an artifact borrowed for a nearest spec. It raises ValueError for a bad spec.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Autotuner:
         ordered_axes: Iterable[str] = (),
         emit: bool = False,
         build_cache: BuildCache | None = None,
+        spec_check: Callable[..., dict[str, JSONScalar]] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"name must be a non-empty op name, got {name!r}")
@@ -132,7 +138,9 @@ class Autotuner:
         self.warmup, self.rep, self.tie_band, self.timing = warmup, rep, tie_band, timing
         self.emit = emit
         ordered = _names(name, "ordered_axes", ordered_axes)
-        self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], ordered, self.version)
+        self._spec_check = spec_check
+        stored_check = functools.partial(spec_check, stored=True) if spec_check is not None else None
+        self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], ordered, self.version, stored_check)
         self.build_cache = build_cache if build_cache is not None else BUILD_CACHE
         self.stats = TunerStats()
         self.reports: dict[str, TuneReport] = {}
@@ -189,6 +197,8 @@ class Autotuner:
         """
         spec = normalize_spec(spec)
         ident = identity_of(device)
+        if self._spec_check is not None:
+            spec = self._spec_check(spec, device)
         hit = self._memory_by_spec(spec, ident) or self._from_disk_by_spec(spec, ident)
         hit = hit or self._from_offline(spec, ident) or self._from_default(spec)
         if hit is None:
@@ -199,6 +209,8 @@ class Autotuner:
         spec = normalize_spec(self._specialize(*args, **kwargs), f"{self.name}: specialize() result")
         named = named_args(args, kwargs, self.arg_names)
         device = _device_of(named.values())
+        if self._spec_check is not None:
+            spec = self._spec_check(spec, device)
         ident = identity_of(device)
         pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
         return CallKey(spec, named, device, ident, pkey)
