@@ -36,6 +36,10 @@ _EXPORTS = {
     "UnknownOpError": "_plugins.registry",
     "OpUnavailableError": "_plugins.registry",
     "PluginError": "_plugins.manager",
+    "HookError": "_plugins.manager",
+    "SpecError": "_core.keys",
+    "OpRecord": "_plugins.record",
+    "Axis": "_plugins.record",
 }
 
 __all__ = ["__version__", *_EXPORTS]

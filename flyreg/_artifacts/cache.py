@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
+from flyreg._core import settings
 from flyreg._core.fileio import remove_abandoned_temps, warn_once
 from flyreg._core.sqlite import Database, Schema
 
@@ -26,9 +25,8 @@ SCHEMA = Schema("scratch cache", 2, {"entries": ("op", "key", "entry", "updated"
 
 
 def cache_dir() -> Path:
-    """``FLYREG_CACHE_DIR`` if set, else the user's cache dir; read on every call, never pinned."""
-    env = os.environ.get("FLYREG_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("flyreg", appauthor=False))
+    """``FLYREG_CACHE_DIR`` (expanded) if set, else the user's cache dir; the environment's current value."""
+    return settings.current().cache_dir
 
 
 def database() -> Path:

@@ -126,8 +126,8 @@ class OfflineStore:
         """The artifact at ``path`` if the rule lets it serve this call; warns once for each bad file.
 
         A ``nearest`` neighbour's config must also be one the op takes for this call's ``spec``. A
-        sound artifact of another architecture, and a neighbour the op would not take, are skipped
-        silently: not for this call, whatever the file is worth.
+        sound artifact of another architecture, and a neighbour whose config the op would not take,
+        are skipped silently: not for this call, whatever the file is worth.
         """
         judged = read(path)
         art = judged.artifact
@@ -146,15 +146,16 @@ class OfflineStore:
                 problems.append(f"arch {art.device.arch!r} != {device.arch!r}")
         if art is not None and not problems:
             rejected = rejection(art, accepts)
-            if nearest:
+            if nearest and (rejected is None or rejected.kind != "misfit"):  # a misfit is a bad file: it warns
                 return None if rejected or config_problem(art.config, spec, accepts) else art
             if rejected is not None:
                 kind = rejected.kind
                 problems.append(rejected.message)
         if problems:
             if not quiet:
-                warn_once(f"flyreg: {self.op}: ignoring {kind + ' ' if kind else ''}artifact {path}: "
-                          f"{'; '.join(problems)}")
+                what = f"malformed artifact {path}" if kind == "malformed" else \
+                    f"artifact {path}" + (f" ({kind})" if kind else "")
+                warn_once(f"flyreg: {self.op}: ignoring {what}: {'; '.join(problems)}")
             return None
         return art
 

@@ -21,6 +21,7 @@ import attrs
 import platformdirs
 
 from flyreg._artifacts.names import ParsedName, artifact_filename, canonical_spec, parse_filename
+from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once, write_json_atomic
 from flyreg._core.keys import DeviceIdentity
@@ -47,8 +48,8 @@ def user_config_dir() -> Path:
 
 
 def env_config_dirs() -> list[Path]:
-    """The directories named by ``FLYREG_CONFIG_DIR`` (``os.pathsep``-separated), in order."""
-    return [Path(p) for p in os.environ.get("FLYREG_CONFIG_DIR", "").split(os.pathsep) if p]
+    """The directories named by ``FLYREG_CONFIG_DIR`` (``os.pathsep``-separated, expanded), in order."""
+    return list(settings.current().config_dirs)
 
 
 @functools.lru_cache(maxsize=1)

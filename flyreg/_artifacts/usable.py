@@ -22,6 +22,7 @@ import attrs
 from flyreg._artifacts.names import name_part, parse_filename
 from flyreg._artifacts.store import Artifact, ArtifactError, load_artifact
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import SpecError
 
 #: ``accepts(config, spec)``: why the op would not take ``config`` for ``spec``, or None; may raise.
 Accepts = Callable[[Config, dict[str, JSONScalar]], "str | None"]
@@ -30,7 +31,7 @@ Accepts = Callable[[Config, dict[str, JSONScalar]], "str | None"]
 @attrs.frozen
 class Unusable:
     """Why lookup ignores a file: ``kind`` (``unlisted``, ``malformed``, ``unsanitized``, ``misnamed``,
-    ``rejected``) and a one-line ``message``."""
+    ``misfit``, ``rejected``) and a one-line ``message``."""
 
     kind: str
     message: str
@@ -50,7 +51,11 @@ def config_problem(config: Config, spec: Mapping[str, JSONScalar], accepts: Acce
     try:
         return accepts(config, dict(spec))
     except Exception as e:  # a plugin's configs() or default() failing on this spec
-        return f"its configs() or default() failed on the spec: {type(e).__name__}: {' '.join(str(e).split())}"
+        return _failed(e)
+
+
+def _failed(e: Exception) -> str:
+    return f"its configs() or default() failed on the spec: {type(e).__name__}: {' '.join(str(e).split())}"
 
 
 def read(path: Path) -> Judged:
@@ -73,8 +78,17 @@ def read(path: Path) -> Judged:
 
 
 def rejection(art: Artifact, accepts: Accepts) -> Unusable | None:
-    """Why the op (``accepts``) would not take the config of ``art`` for its own spec, or None."""
-    why = config_problem(art.config, art.spec, accepts)
+    """Why the op (``accepts``) would not take the config of ``art`` for its own spec, or None.
+
+    A spec that does not fit the op's declared axes (``accepts`` raises :class:`SpecError`) is no
+    spec the op ever looks up.
+    """
+    try:
+        why = accepts(art.config, dict(art.spec))
+    except SpecError as e:
+        return Unusable("misfit", f"{e}; lookup never serves this file")
+    except Exception as e:  # a plugin's configs() or default() failing on this spec
+        why = _failed(e)
     if why:
         return Unusable("rejected", f"config not accepted by op {art.op!r} for spec {spec_line(art.spec)}: "
                                     f"{why}; lookup ignores this file")

@@ -73,8 +73,8 @@ def check_artifacts(
     depends on (:mod:`flyreg._core.toolchain`), never the flyreg version.
     ``accepts(op, spec, config)`` says why a known op would not take the artifact's config for
     its spec (None when it would); lookup ignores such a file, so it is an error. An exception
-    it raises is an error too. ``unavailable`` maps the ops that are registered but unusable
-    here to their status (``broken``, ``disabled``): their artifacts get a ``warning``, not an
+    it raises is an error too (a ``SpecError``: the spec does not fit the op's axes). ``unavailable``
+    maps the ops that are registered but unusable here to their status (``broken``, ``disabled``): their artifacts get a ``warning``, not an
     unknown-op error. Never raises for a bad file or directory.
     """
     return check_report(dirs, known_ops, accepts=accepts, unavailable=unavailable).problems

@@ -145,11 +145,14 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
         axes: set[str] = set()
         matched = 0
         for raw in wanted:
-            try:
-                spec = canonical_spec(raw, "workload spec")
-            except (TypeError, ValueError) as e:
-                jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {one_line(e)}"))
-                continue
+            if specs:  # the user's: a spec that does not fit the op's axes is a usage error (SpecError)
+                spec = canonical_spec(plugin.check_spec(raw, device))
+            else:
+                try:
+                    spec = canonical_spec(plugin.check_spec(canonical_spec(raw, "workload spec"), device))
+                except (TypeError, ValueError) as e:
+                    jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {one_line(e)}"))
+                    continue
             axes.update(spec)
             if where and not _matches(spec, where):
                 continue
@@ -175,7 +178,8 @@ def _tune_one(job: Job, device: str, out_dir: Path, force: bool) -> None:
     plugin = REGISTRY.plugin(job.op)
     tuner = REGISTRY.tuner(job.op)
     args, kwargs = plugin.make_inputs(dict(job.spec), device)
-    spec = canonical_spec(plugin.specialize(args, kwargs), f"{job.op}: specialize() result")
+    spec = canonical_spec(plugin.check_spec(canonical_spec(plugin.specialize(args, kwargs),
+                                                           f"{job.op}: specialize() result"), device))
     if spec_text(spec) != spec_text(job.spec):
         job.tuned_spec = spec
         if not force:

@@ -85,15 +85,15 @@ def _device_identity(device_type: str, index: int | None) -> DeviceIdentity:
     return DeviceIdentity(sanitize(props.name), arch)
 
 
-def identity_of(device: Any) -> DeviceIdentity:
-    """Identity of ``None`` (the CPU), a ``torch.device``, a device string (``"cpu"``, ``"cuda"``,
-    ``"cuda:1"``) or a CUDA index (``1`` is ``"cuda:1"``, as in torch).
+def parse_device(device: Any) -> tuple[str, int | None]:
+    """``(type, CUDA index or None)`` of ``None`` (the CPU), a ``torch.device``, a device string (``"cpu"``,
+    ``"cuda"``, ``"cuda:1"``) or a CUDA index (``1`` is ``"cuda:1"``, as in torch).
 
     Only CPU and CUDA devices are tuned on; anything else (``"gpu"``, ``"meta"``, ``"cuda:x"``,
     ``"mps"``) is a ValueError naming the device.
     """
     if device is None:
-        return device_identity("cpu")
+        return "cpu", None
     import torch
 
     if isinstance(device, int) and not isinstance(device, bool):
@@ -110,12 +110,22 @@ def identity_of(device: Any) -> DeviceIdentity:
                          f"got {type(device).__name__} {device!r}")
     if parsed.type not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r} is not supported: flyreg tunes on 'cpu' or 'cuda[:N]' devices only")
-    return device_identity(parsed.type, parsed.index if parsed.type == "cuda" else None)
+    return parsed.type, parsed.index if parsed.type == "cuda" else None
+
+
+def identity_of(device: Any) -> DeviceIdentity:
+    """Identity of a device as :func:`parse_device` reads it (``None`` is the CPU)."""
+    return device_identity(*parse_device(device))
 
 
 def env_values(names: Iterable[str]) -> tuple[tuple[str, str | None], ...]:
     """Current values of the declared cache-invalidating environment variables."""
     return tuple((n, os.environ.get(n)) for n in names)
+
+
+class SpecError(ValueError):
+    """A spec that does not fit its op's declared axes; the one-line message names the op, every
+    offending axis, and the axes and values the op allows."""
 
 
 def normalize_spec(spec: object, what: str = "spec") -> dict[str, JSONScalar]:

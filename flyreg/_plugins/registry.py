@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -17,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.fileio import warn_once
 from flyreg._plugins.manager import OpPlugin, PluginError
 
 if TYPE_CHECKING:
@@ -61,23 +62,10 @@ class _Entry:
     loading: threading.Event | None = None
 
 
-#: Seconds an op plugin may take to import and describe itself before it is marked broken.
-DEFAULT_PLUGIN_TIMEOUT = 30.0
-
-
 def plugin_load_timeout() -> float:
-    """The plugin load time limit in seconds (``FLYREG_PLUGIN_TIMEOUT``, default 30)."""
-    raw = os.environ.get("FLYREG_PLUGIN_TIMEOUT", "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_PLUGIN_TIMEOUT
-    return value if value > 0 else DEFAULT_PLUGIN_TIMEOUT
-
-
-def disabled_ops() -> set[str]:
-    """The ops named in ``FLYREG_DISABLE_OPS`` (comma-separated)."""
-    return {n.strip() for n in os.environ.get("FLYREG_DISABLE_OPS", "").split(",") if n.strip()}
+    """Seconds an op plugin may take to import and describe itself before it is marked broken
+    (``FLYREG_PLUGIN_TIMEOUT``, default 30)."""
+    return settings.current().plugin_timeout
 
 
 def _canonical(distribution: str) -> str:
@@ -210,6 +198,18 @@ class Registry:
             del entries[name]
             _forget_builds(name)
 
+    def disabled(self) -> frozenset[str]:
+        """The ops ``FLYREG_DISABLE_OPS`` names; warns once about each set of names no registered op has."""
+        names = settings.current().disable_ops
+        if names:
+            known = self._discover()
+            unknown = sorted(n for n in names if n not in known)
+            if unknown:
+                warn_once(f"flyreg: FLYREG_DISABLE_OPS names no registered op: {', '.join(map(repr, unknown))} "
+                          f"(names are matched exactly; known ops: {', '.join(sorted(known)) or 'none'})",
+                          key=f"disable-unknown:{unknown}")
+        return names
+
     def names(self) -> list[str]:
         """Every registered op name, whatever its status."""
         return sorted(self._discover())
@@ -227,7 +227,7 @@ class Registry:
         entry = self._discover().get(_check_name(name))
         if entry is None:
             raise self._unknown(name)
-        if name in disabled_ops():
+        if name in self.disabled():
             raise OpUnavailableError(f"op {name!r} is disabled by FLYREG_DISABLE_OPS")
         self._load(entry)
         if entry.plugin is None:
@@ -247,7 +247,7 @@ class Registry:
     def infos(self) -> list[OpInfo]:
         """Every registered op with its status; loads each op not disabled."""
         out = []
-        disabled = disabled_ops()
+        disabled = self.disabled()
         for name, entry in sorted(self._discover().items()):
             if name in disabled:
                 out.append(OpInfo(name, entry.distribution, entry.version, "disabled"))
@@ -256,8 +256,8 @@ class Registry:
             if entry.plugin is None:
                 out.append(OpInfo(name, entry.distribution, entry.version, "broken", entry.error))
                 continue
-            d = entry.plugin.description
-            out.append(OpInfo(name, entry.distribution, entry.version, "ok", None, d.description, d.structural))
+            rec = entry.plugin.record
+            out.append(OpInfo(name, entry.distribution, entry.version, "ok", None, rec.description, rec.structural))
         return out
 
 
@@ -271,17 +271,17 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
     """Assemble the autotuner of one op from its registered hooks (it uses the shared build cache)."""
     from flyreg._runtime.builder import autotune_builder
 
-    d = plugin.description
+    rec = plugin.record
 
     def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
         return plugin.specialize(args, kwargs)
 
     tuner: Autotuner = autotune_builder(
-        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=d.structural,
-        arg_names=d.arg_names or (), restore_value=d.restore_value, reset_to_zero=d.reset_to_zero,
-        reference=plugin.reference if plugin.implements("reference") else None, key_env=d.key_env,
-        version=d.version, config_dirs=[d.config_dir] if d.config_dir else [], ordered_axes=d.ordered_axes,
-        timing=d.timing,
+        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=rec.structural,
+        arg_names=rec.arg_names or (), restore_value=rec.restore_value, reset_to_zero=rec.reset_to_zero,
+        reference=plugin.reference if plugin.implements("reference") else None, key_env=rec.key_env,
+        version=rec.version, config_dirs=[rec.config_dir] if rec.config_dir else [], ordered_axes=rec.ordered_axes,
+        timing=rec.timing, spec_check=plugin.check_spec if rec.axes else None,
     )
     return tuner
 
@@ -306,7 +306,11 @@ def resolve(name: str, *args: Any, **kwargs: Any) -> Resolution:
 
 
 def resolve_spec(name: str, spec: dict[str, Any], device: Any = None) -> Resolution:
-    """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search."""
+    """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search.
+
+    A spec that does not fit the op's declared axes raises :class:`~flyreg._core.keys.SpecError`; axes
+    it leaves out that have a device default get the device's value.
+    """
     return REGISTRY.tuner(name).resolve_spec(spec, device)
 
 
@@ -314,7 +318,9 @@ def accepts(name: str, spec: dict[str, JSONScalar], config: Config) -> str | Non
     """Why op ``name`` would not take ``config`` (read from a file) for ``spec``, or None if it would.
 
     Lookup serves a stored config only when it is one of the op's ``configs(spec)`` or its
-    ``default(spec)``, knobs and hints alike. Raises what the op's hooks raise for ``spec``.
+    ``default(spec)``, knobs and hints alike. Raises :class:`~flyreg._core.keys.SpecError` for a spec
+    that is not one the op stores (one that does not fit its declared axes), and what the op's hooks
+    raise for ``spec``.
     """
     return REGISTRY.tuner(name).space.accepts(config, spec)
 

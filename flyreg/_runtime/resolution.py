@@ -10,7 +10,6 @@ config may serve is :mod:`flyreg._artifacts.usable`'s rule, for the scratch cach
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ import torch
 from flyreg._artifacts import cache
 from flyreg._artifacts.lookup import OfflineStore
 from flyreg._artifacts.usable import config_problem
+from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, cache_key, env_values, identity_of, normalize_spec
@@ -34,7 +34,7 @@ Spec = dict[str, JSONScalar]
 
 def autotune_forced() -> bool:
     """True when ``FLYREG_AUTOTUNE`` asks for a fresh search of every new key."""
-    return os.environ.get("FLYREG_AUTOTUNE", "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.current().autotune
 
 
 def capturing(device: Any) -> bool:
@@ -198,7 +198,10 @@ def what_serves(tuner: TunerState, spec: dict[str, Any], device: Any = None,
                 offline_too: bool = True) -> tuple[Resolution, Resolution | None]:
     """What a call of ``spec`` on ``device`` gets (as :func:`resolve_spec`), and the artifact that would
     serve it once memory and the scratch cache are gone (None: none would, or not asked)."""
-    req = Request(normalize_spec(spec), identity_of(device))
+    checked, ident = normalize_spec(spec), identity_of(device)
+    if tuner.spec_check is not None:
+        checked = tuner.spec_check(checked, device)
+    req = Request(checked, ident)
     found = hits(tuner, req, LOOKUP)
     first = next(found, None)
     if first is None:

@@ -14,9 +14,14 @@ Prune = Callable[[list[Config], Spec], Sequence[Config]]
 
 class ConfigSpace:
     """The configs ``op`` offers for a spec: ``configs`` (a list, or a callable of the spec), pruned by
-    ``prune``, and ``default(spec)``, the heuristic config served with no search (None: no default)."""
+    ``prune``, and ``default(spec)``, the heuristic config served with no search (None: no default).
 
-    def __init__(self, op: str, configs: Configs, default: Default | None = None, prune: Prune | None = None) -> None:
+    ``stored_check(spec)`` raises ValueError (a :class:`~flyreg._core.keys.SpecError`) for a spec the
+    op never looks up (one that does not fit its declared axes): no stored config of it is taken.
+    """
+
+    def __init__(self, op: str, configs: Configs, default: Default | None = None, prune: Prune | None = None,
+                 stored_check: Callable[[Spec], object] | None = None) -> None:
         if default is not None and not callable(default):
             raise TypeError(f"{op}: default must be a callable of the spec, got {type(default).__name__}")
         if not callable(configs) and not isinstance(configs, Sequence):
@@ -25,6 +30,7 @@ class ConfigSpace:
         self.configs = configs
         self.default_fn = default
         self.prune = prune
+        self.stored_check = stored_check
 
     def candidates(self, spec: Spec) -> list[Config]:
         """The configs a search of ``spec`` tries, pruned, each once, in order."""
@@ -55,8 +61,10 @@ class ConfigSpace:
     def accepts(self, config: Config, spec: Spec) -> str | None:
         """Why ``config`` (read from a file) is not one this op takes for ``spec``, or None.
 
-        Raises what the op's hooks raise for ``spec``.
+        Raises what ``stored_check`` and the op's hooks raise for ``spec``.
         """
+        if self.stored_check is not None:
+            self.stored_check(spec)
         known = self.known(spec)
         if not known or config in known:
             return None

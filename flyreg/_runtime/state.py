@@ -43,6 +43,7 @@ class TunerState(Protocol):
     emit: bool
     structural: tuple[str, ...] | None
     build: Callable[[Config, Spec], Callable[..., Any]]
+    spec_check: Callable[..., Spec] | None
     space: ConfigSpace
     settings: SearchSettings
     offline: OfflineStore

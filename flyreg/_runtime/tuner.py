@@ -6,6 +6,7 @@ Where a new key's config comes from is :mod:`flyreg._runtime.resolution`'s chain
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -62,6 +63,11 @@ class Autotuner:
     default the positional parameters of ``specialize``) or keyword-only parameters of
     ``specialize``. Name lists are lists (or tuples), never one string.
 
+    ``spec_check(spec, device)``, when given, checks and normalizes the spec of every call and of
+    :meth:`resolve_spec` (axes left out filled from the device); ``spec_check(spec, stored=True)``
+    vets the spec of a stored config (an artifact's, a cache entry's) before it may serve. It
+    raises ValueError (a :class:`~flyreg._core.keys.SpecError`) for a bad spec.
+
     ``timing`` says how a search on a GPU times candidates (:data:`flyreg._search.bench.TIMINGS`):
     ``"steady"`` (the default) replays many calls in a CUDA graph over rotating copies of the
     call's inputs, as a kernel runs in a model; ``warmup`` and ``rep`` then count replays.
@@ -87,6 +93,7 @@ class Autotuner:
         ordered_axes: Iterable[str] = (),
         emit: bool = False,
         build_cache: BuildCache | None = None,
+        spec_check: Callable[..., dict[str, JSONScalar]] | None = None,
         **search_options: Any,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -97,7 +104,9 @@ class Autotuner:
         self.name = name
         self.build = build
         self.specialize = specialize
-        self.space = ConfigSpace(name, configs, default, prune_configs_by)
+        self.spec_check = spec_check
+        stored_check = functools.partial(spec_check, stored=True) if spec_check is not None else None
+        self.space = ConfigSpace(name, configs, default, prune_configs_by, stored_check)
         cuda_graph = search_options.pop("cuda_graph", None)
         if cuda_graph is not None:
             warnings.warn(f"{name}: cuda_graph= is deprecated; use timing='graph' (or the default 'steady')",
@@ -196,6 +205,8 @@ class Autotuner:
         spec = normalize_spec(self.specialize(*args, **kwargs), f"{self.name}: specialize() result")
         named = named_args(args, kwargs, self.arg_names)
         device = _device_of(named.values())
+        if self.spec_check is not None:
+            spec = self.spec_check(spec, device)
         ident = identity_of(device)
         pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
         return CallKey(spec, named, device, ident, pkey)

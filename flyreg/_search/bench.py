@@ -7,12 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from flyreg._core.device_facts import flush_bytes
 from flyreg._core.results import BenchResult
-
-#: Bytes zeroed between reps (read, in steady-state timing) to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
-#: per ``do_bench`` call and dropped when it returns: torch's caching allocator keeps it reserved
-#: for reuse (``torch.cuda.empty_cache()`` returns it), and a process that never searches takes none.
-L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 #: How a search times candidates on a GPU: ``steady`` (a CUDA graph of calls over rotating input
 #: copies, :mod:`flyreg._search.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
@@ -107,7 +103,9 @@ def _bench_cpu(fn: Callable[[], Any], warmup: int, rep: int, setup: Callable[[],
 
 def _bench_cuda(torch: Any, dev: Any, fn: Callable[[], Any], warmup: int, rep: int,
                 setup: Callable[[], Any] | None, flush_l2: bool) -> BenchResult:
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=dev) if flush_l2 else None
+    # Taken once per timing and dropped when it returns (torch's caching allocator keeps it reserved
+    # for reuse until ``torch.cuda.empty_cache()``); a process that never times on a GPU takes none.
+    flush = torch.empty(flush_bytes(dev), dtype=torch.int8, device=dev) if flush_l2 else None
     for _ in range(warmup):
         if setup is not None:
             setup()

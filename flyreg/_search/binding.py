@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,16 +17,9 @@ Bind = Callable[[Config], Launcher]
 
 def compile_threads() -> int:
     """Threads that bind (and so compile) a search's candidates: ``FLYREG_COMPILE_THREADS``, else up to 16."""
-    raw = os.environ.get("FLYREG_COMPILE_THREADS", "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"FLYREG_COMPILE_THREADS must be a positive int, got {raw!r}") from None
-        if n < 1:
-            raise ValueError(f"FLYREG_COMPILE_THREADS must be a positive int, got {raw!r}")
-        return n
-    return min(16, os.cpu_count() or 1)
+    from flyreg._core.settings import current
+
+    return current().compile_threads
 
 
 def bind_all(op: str, cands: list[Config], build: Build, bind: Bind,

@@ -308,8 +308,8 @@ BROKEN = [
     (WrongArgNames, r"hook build\(cfg, spec\) takes \['cfg'\], which the hook build\(config, spec\) does not pass"),
     (UnknownHook, r"unknown hook 'buidl'"),
     (BadDescribeKeys, r"unknown keys \['structual'\]"),
-    (BadDescribeTypes, r"describe\(\)\['structural'\] must be a list of names"),
-    (BadDescribeTiming, r"describe\(\)\['timing'\] must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
+    (BadDescribeTypes, r"op 'bad': describe\(\): structural must be a list of names, got 'ROWS'"),
+    (BadDescribeTiming, r"describe\(\): timing must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
 ]
 
 
@@ -690,10 +690,9 @@ class RestoreNotAnArgument(RowScale):
 
 
 @pytest.mark.parametrize(("cls", "message"), [
-    (ResetWithoutArgNames, r"describe\(\)\['reset_to_zero'\] names arguments \['out'\], but describe\(\) gives no "
-                           r"'arg_names'"),
-    (RestoreNotAnArgument, r"describe\(\)\['restore_value'\] names arguments \['acc', 'res'\] that are not in "
-                           r"describe\(\)\['arg_names'\] \['x', 's', 'out'\]"),
+    (ResetWithoutArgNames, r"describe\(\): reset_to_zero names arguments \['out'\], but no arg_names are given"),
+    (RestoreNotAnArgument, r"describe\(\): restore_value names arguments \['acc', 'res'\] that are not in "
+                           r"arg_names \['x', 's', 'out'\]"),
 ])
 def test_restore_and_reset_names_must_be_arguments(use_registry: Callable[..., Registry], cls: type,
                                                    message: str) -> None:
@@ -717,9 +716,9 @@ def test_in_tree_and_thirdparty_plugins_pass_the_check(monkeypatch: pytest.Monke
     plugins = [("rmsnorm", rms.rmsnorm), ("fused_add_rmsnorm", rms.fused_add_rmsnorm),
                *((n, importlib.import_module(f"flyreg_scale.{n}")) for n in ("scale", "rowsum"))]
     for name, obj in plugins:
-        d = OpPlugin(name, obj).description
+        d = OpPlugin(name, obj).record
         assert set(d.restore_value) | set(d.reset_to_zero) <= set(d.arg_names or ())
-    assert OpPlugin("fused", rms.fused_add_rmsnorm).description.restore_value == ("residual",)
+    assert OpPlugin("fused", rms.fused_add_rmsnorm).record.restore_value == ("residual",)
 
 
 # -- flyreg tune's view of an existing artifact ----------------------------------------------------------

@@ -233,7 +233,7 @@ def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
 def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> None:
     # The rest of the toolchain is the H200's (CI's torch differs); the op's version is the kernels'.
     shipped = Path(__file__).resolve().parents[2] / "offline_configs"
-    current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).description.version for op in ("rmsnorm", "fused_add_rmsnorm")}
+    current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).record.version for op in ("rmsnorm", "fused_add_rmsnorm")}
     behind = []
     for path in sorted(shipped.glob("*.json")):
         art = json.loads(path.read_text())
