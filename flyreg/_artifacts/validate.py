@@ -24,9 +24,16 @@ Accepts = Callable[[str, dict[str, JSONScalar], Config], "str | None"]
 SHOWN = 3
 
 #: What each kind of unusable file is called in the summary.
-_LABELS = {"unlisted": "lookup never reads it", "malformed": "malformed", "misnamed": "filename does not match its "
-           "content", "unsanitized": "device name not sanitized", "rejected": "config not accepted by its op",
-           "unknown-op": "unknown op", "unreadable-dir": "not a readable directory"}
+_LABELS = {
+    "unlisted": "lookup never reads it",
+    "malformed": "malformed",
+    "unsanitized": "device name not sanitized",
+    "misnamed": "filename does not match its content",
+    "misfit": "spec does not fit the op's axes",
+    "rejected": "config not accepted by its op",
+    "unknown-op": "unknown op",
+    "unreadable-dir": "not a readable directory",
+}
 
 
 @attrs.frozen

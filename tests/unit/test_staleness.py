@@ -132,3 +132,23 @@ def test_shipped_artifacts_on_the_tuning_toolchain_are_current_and_grouped_by_wh
     assert "stale: triton 3.6.0 -> 3.7.0, op 3 -> 4: 225 file(s)" in lines
     assert lines[-1] == "checked 450 artifact(s) in 1 dir(s): 0 problem(s), 450 stale (not an error without --strict)"
     assert summary(report, strict=True)[-1] == "checked 450 artifact(s) in 1 dir(s): 450 problem(s)"
+
+
+def test_check_lists_the_first_files_of_each_finding_and_every_file_with_verbose(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from flyreg._cli.main import cli
+
+    names = [f"rmsnorm,M={m},N=1024,backend=cpu,dtype=float32,device_name=X.json" for m in (1, 32, 256, 4096, 32768)]
+    for name in names:
+        (tmp_path / name).write_text("{", encoding="utf-8")
+    short = CliRunner().invoke(cli, ["check", str(tmp_path)])
+    full = CliRunner().invoke(cli, ["check", "--verbose", str(tmp_path)])
+    assert short.exit_code == full.exit_code == 1
+    lines = short.output.splitlines()
+    assert lines[0] == "error: malformed: 5 file(s)"
+    assert sum(": error: unreadable JSON" in line for line in lines) == SHOWN
+    assert f"  ... and {5 - SHOWN} more (--verbose lists every file)" in lines
+    assert lines[-1] == "checked 5 artifact(s) in 1 dir(s): 5 problem(s)"
+    assert all(f"{tmp_path / n}: error: unreadable JSON" in full.output for n in names)
+    assert "more (--verbose" not in full.output
