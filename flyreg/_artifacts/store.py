@@ -11,7 +11,6 @@ import importlib.util
 import json
 import math
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ import platformdirs
 from flyreg._artifacts.names import ParsedName, artifact_filename, canonical_spec, parse_filename
 from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.fileio import warn_once, write_json_atomic
+from flyreg._core.fileio import UnreadableFile, read_bounded, warn_once, write_json_atomic
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.toolchain import Staleness, fingerprint, staleness
 from flyreg._version import __version__
@@ -127,12 +126,9 @@ class Artifact:
 def load_artifact(path: Path) -> Artifact:
     """Parse and check one artifact file; raises :class:`ArtifactError` on anything malformed."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise ArtifactError("not a regular file")
-        if info.st_size > MAX_ARTIFACT_BYTES:
-            raise ArtifactError(f"larger than {MAX_ARTIFACT_BYTES} bytes")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, MAX_ARTIFACT_BYTES).decode("utf-8"))
+    except UnreadableFile as e:
+        raise ArtifactError(str(e).rpartition(" is ")[2]) from None
     except (OSError, ValueError, RecursionError) as e:
         raise ArtifactError(f"unreadable JSON: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict):

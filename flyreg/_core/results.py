@@ -36,7 +36,17 @@ class BenchResult:
 
 
 class TuneError(RuntimeError):
-    """No candidate config of an op could run correctly on a spec."""
+    """No candidate config of an op could run correctly on a spec.
+
+    ``failed`` lists the configs that raised and ``rejected`` those the correctness gate turned
+    down, each with its reason.
+    """
+
+    def __init__(self, message: str, failed: tuple[tuple[Any, str], ...] = (),
+                 rejected: tuple[tuple[Any, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.rejected = rejected
 
 
 class GraphCaptureError(RuntimeError):

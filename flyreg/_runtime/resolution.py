@@ -24,7 +24,7 @@ from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, cache_key, env_values, identity_of, normalize_spec
-from flyreg._core.results import GraphCaptureError, Resolution
+from flyreg._core.results import GraphCaptureError, Resolution, TuneError
 from flyreg._runtime.searching import search
 from flyreg._runtime.state import TunerState, spec_key
 from flyreg._search.engine import Call
@@ -140,7 +140,17 @@ class Search:
     def find(self, tuner: TunerState, req: Request) -> Resolution | None:
         if req.call is None or req.pkey is None:
             return None
-        res, error = search(tuner, req.spec, req.ident, req.pkey, req.call, emit=autotune_forced() or tuner.emit)
+        try:
+            res, error = search(tuner, req.spec, req.ident, req.pkey, req.call, emit=autotune_forced() or tuner.emit)
+        except TuneError as e:
+            default = tuner.space.default(req.spec)
+            if not e.rejected or default is None:
+                raise
+            config, why = e.rejected[0]
+            warn_once(f"flyreg: {tuner.name}: every config of spec {req.spec} failed the correctness gate on this "
+                      f"call's data ({config}: {why}); serving the default {default}, stored nowhere",
+                      key=f"gate-fallback:{tuner.name}:{spec_key(req.spec)}")
+            return Resolution(default, "default", req.spec, "default")
         if error is not None:
             warn_once(f"flyreg: {tuner.name}: {error}; the winner is served from memory only",
                       key=f"emit-failed:{tuner.name}")

@@ -174,20 +174,37 @@ class Autotuner:
         once to the same resolution (the persistent key sorts them).
         """
         tensor = torch.Tensor
-        key = [(a.dtype, a.shape, a.stride(), a.device) if isinstance(a, tensor)
+        key = [(a.dtype, a.shape, a.stride(), a.device, a.requires_grad) if isinstance(a, tensor)
                else _structural_key(a) if isinstance(a, _SEQUENCES) else (a.__class__, a) for a in args]
         if kwargs:
             for k, v in kwargs.items():
-                key.append((k, v.dtype, v.shape, v.stride(), v.device) if isinstance(v, tensor)
+                key.append((k, v.dtype, v.shape, v.stride(), v.device, v.requires_grad) if isinstance(v, tensor)
                            else (k, _structural_key(v)) if isinstance(v, _SEQUENCES) else (k, v.__class__, v))
         if self.key_env:
             key.append(env_values(self.key_env))
         return tuple(key)
 
     def _launcher(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher:
-        """Resolve a call whose key is not in memory and bind its config to this call's signature."""
+        """Resolve a call whose key is not in memory and bind its config to this call's signature.
+
+        A signature with tensors that require grad gets a launcher that refuses them while grad
+        mode is on (flyreg ops have no backward); only such signatures pay for that check.
+        """
+        grads = [n for n, v in named_args(args, kwargs, self.arg_names).items()
+                 if isinstance(v, torch.Tensor) and v.requires_grad]
+        if grads:
+            _refuse_grad(self.name, grads)
         res = self._resolve_call(args, kwargs)
-        return self.bind(res.config, res.spec, args, kwargs)
+        launcher = self.bind(res.config, res.spec, args, kwargs)
+        if not grads:
+            return launcher
+        call, name = launcher.call, self.name
+
+        def call_without_grad(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+            _refuse_grad(name, grads)
+            return call(a, kw)
+
+        return Launcher(launcher.config, call_without_grad, launcher.raw, launcher.pre)
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self, *args: Any, **kwargs: Any) -> Resolution:
@@ -242,6 +259,14 @@ class Autotuner:
 
 
 _SEQUENCES = (list, tuple)
+
+
+def _refuse_grad(op: str, names: list[str]) -> None:
+    """Raise while grad mode is on: the call's ``names`` tensors require grad and the op has no backward."""
+    if torch.is_grad_enabled():
+        which = ", ".join(repr(n) for n in names)
+        raise RuntimeError(f"{op}: argument {which} requires grad, but {op} has no backward (its result would "
+                           f"silently drop out of autograd); call it under torch.no_grad(), or pass a detached tensor")
 
 
 def _structural_key(value: Any) -> Any:

@@ -111,7 +111,6 @@ def run_search(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call
                         why = why or mismatch(written[n], want, f"in-place argument {n!r}")
                     if why:
                         rejected.append((config, why))
-                        warn_once(f"flyreg: {op}: config {config} rejected on spec {spec}: wrong result ({why})")
                         continue
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
@@ -128,9 +127,13 @@ def run_search(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call
         timed, final = _time_all(settings, spec, checked, own, device, in_place, default, failed, stats)
     finally:
         in_place.prepare(own, None)  # the real call that follows runs on the true inputs
-    if not timed:
+    if timed:  # some configs are right: each wrong one is worth a warning (else the caller reports them all)
+        for config, why in rejected:
+            warn_once(f"flyreg: {op}: config {config} rejected on spec {spec}: wrong result ({why})")
+    else:
         lines = [f"  {c}: {why}" for c, why in (*failed, *rejected)]
-        raise TuneError(f"{op}: every config failed on spec {spec}:\n" + "\n".join(lines))
+        raise TuneError(f"{op}: every config failed on spec {spec}:\n" + "\n".join(lines), tuple(failed),
+                        tuple(rejected))
     # After a final round only its times rank: a config outside it kept a shorter, noisier time.
     winner, winner_ms = pick_winner([t for t in timed if t[0] in final] if final else timed, default,
                                     settings.tie_band)
