@@ -38,9 +38,10 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="print the whole PTX")
     ap.add_argument("--out", default=None, help="also write the PTX here")
     args = ap.parse_args()
+    from flyreg.triton import interpreted
     from flyreg_rmsnorm import triton_kernels as tk
 
-    if tk._interpreted():
+    if interpreted():
         ap.error("TRITON_INTERPRET is set: the kernels are interpreted, not compiled; unset it")
     pdl = not args.no_pdl
     ptr = TYPES[args.dtype]

@@ -39,6 +39,7 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     import triton
 
     import flyreg
+    from flyreg.triton import hints as launch_hints_of, pdl_supported
     from flyreg_rmsnorm import triton_kernels as tk
     from flyreg_rmsnorm.torch_ops import register_torch_ops
 
@@ -54,9 +55,9 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     grid = ((M + rows - 1) // rows,)
     stride = x.stride(0)
     kernel = tk._rmsnorm_kernel
-    pdl = tk.pdl_supported(x.device)  # launched as the plugin launches it
+    pdl = pdl_supported(x.device)  # launched as the plugin launches it
     consts = tk._constexprs(M, N, block_n, rows, pdl, stride)
-    launch_hints = tk._hints(hints.get("num_warps"), hints.get("num_stages"), pdl)
+    launch_hints = launch_hints_of(hints.get("num_warps"), hints.get("num_stages"), pdl)
 
     def direct() -> Any:
         kernel[grid](x, w, y, M, stride, EPS, **consts, **launch_hints)

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyreg_rmsnorm.triton_kernels import _dependent_start
+from flyreg.triton import dependent_start, pdl_supported
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
@@ -143,7 +143,7 @@ def _hinted_one_pass(X, W, Y, M, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, RO
     # The plugin's one-pass path on dense rows (one int32 index an address, M not specialized, the
     # row mask only where M % ROWS != 0), eviction hints switchable; W_AFTER loads the weight only
     # once the sum of squares is known (its address depends on the sum), as inductor orders it.
-    _dependent_start(PDL)
+    dependent_start(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -280,7 +280,7 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], ws:
             if static is not None:
                 out[f"chunk {chunk} w16 static launcher"] = static
     if evict and M * N < 2**31 and P <= 16384:
-        served_pdl = tk.pdl_supported(xs[0].device)
+        served_pdl = pdl_supported(xs[0].device)
 
         def hinted(rows: int, warps: int, x_first: bool, w_last: bool,
                    w_after: bool = False) -> Callable[[int], Callable[[], Any]]:
@@ -333,7 +333,7 @@ def main() -> None:
         nsets = len(xs)
         ref = reference(xs[0], w)
         calls = replay_calls(nbytes, nsets)
-        fns = variants(M, N, xs, ys, ws, args.tiles, args.offsets, args.mirror, args.pdl and tk.pdl_supported(w.device),
+        fns = variants(M, N, xs, ys, ws, args.tiles, args.offsets, args.mirror, args.pdl and pdl_supported(w.device),
                        args.evict)
         peer = {"compile": lambda i: (lambda: compiled(xs[i], (N,), ws[i], EPS)),
                 "flyreg": lambda i: (lambda: tuner(xs[i], ws[i], EPS))}

@@ -10,8 +10,9 @@ replay or 200 at 16 MB or less, median of ``--reps`` replays). It prints each ca
 regret of each search: the benchmark time of the config it picked over the best benchmark time.
 ``--target-ms`` sets the search's device time per replay (``flyreg._search.steady.TARGET_MS``);
 ``--tie-band`` the tuner's tie band; ``--rotate-mb`` the bytes its inputs rotate through
-(``flyreg._search.steady.ROTATE_BYTES``, for the searches only); ``--shared-weight`` times the benchmark
-side with one weight for every call, as ``rmsnorm_bandwidth.py`` did before session 6.
+(default: twice the device's L2 rounded up to a power of two, ``flyreg._core.device_facts.rotate_bytes``;
+for the searches only); ``--shared-weight`` times the benchmark side with one weight for every call, as
+``rmsnorm_bandwidth.py`` did before session 6.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import attrs
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,7 +39,7 @@ def main() -> None:
     ap.add_argument("--target-ms", type=float, default=None)
     ap.add_argument("--tie-band", type=float, default=None)
     ap.add_argument("--rotate-mb", type=int, default=None,
-                    help="bytes (MiB) the search's inputs rotate through (flyreg._search.steady.ROTATE_BYTES)")
+                    help="bytes (MiB) the search's inputs rotate through (default: twice the device's L2)")
     ap.add_argument("--shared-weight", action="store_true",
                     help="time the benchmark side with one weight for every call, not a copy per set")
     args = ap.parse_args()
@@ -48,7 +50,7 @@ def main() -> None:
 
     if args.target_ms is not None:
         steady.TARGET_MS = args.target_ms
-    rotate = steady.ROTATE_BYTES if args.rotate_mb is None else args.rotate_mb << 20
+    rotate = steady.rotate_bytes() if args.rotate_mb is None else args.rotate_mb << 20
     plugin = REGISTRY.plugin("rmsnorm")
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
@@ -56,12 +58,13 @@ def main() -> None:
         ws = weight_copies(w, len(xs), args.shared_weight)
         tuner = flyreg.op("rmsnorm")
         if args.tie_band is not None:
-            tuner.tie_band = args.tie_band
-        kept, steady.ROTATE_BYTES = steady.ROTATE_BYTES, rotate  # the search's only: the benchmark side keeps its own
+            tuner.settings = attrs.evolve(tuner.settings, tie_band=args.tie_band)
+        # The search's rotation only: the benchmark side keeps its own.
+        kept, steady.rotate_bytes = steady.rotate_bytes, lambda device="cuda": rotate
         try:
             reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
         finally:
-            steady.ROTATE_BYTES = kept
+            steady.rotate_bytes = kept
         spec = plugin.specialize((xs[0], w), {})
         default = plugin.default(spec)
         bench: dict[Config, float] = {}

@@ -19,9 +19,9 @@ _EXPORTS = {
     "GraphCaptureError": "_core.results",
     "autotune": "_runtime.builder",
     "autotune_builder": "_runtime.builder",
-    "BuildCache": "_runtime.builder",
+    "BuildCache": "_runtime.builds",
     "do_bench": "_search.bench",
-    "BenchResult": "_search.bench",
+    "BenchResult": "_core.results",
     "DeviceIdentity": "_core.keys",
     "FlyregWarning": "_core.fileio",
     "hookimpl": "_plugins.hookspecs",
@@ -36,6 +36,10 @@ _EXPORTS = {
     "UnknownOpError": "_plugins.registry",
     "OpUnavailableError": "_plugins.registry",
     "PluginError": "_plugins.manager",
+    "HookError": "_plugins.manager",
+    "SpecError": "_core.keys",
+    "OpRecord": "_plugins.record",
+    "Axis": "_plugins.record",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,4 +1,4 @@
-"""What a kernel plugin imports: the hook markers, the config type and the plugin error.
+"""What a kernel plugin imports: the hook markers, the config type, the op record and the plugin errors.
 
 This module and ``flyreg.__all__`` are flyreg's whole public API; everything under a
 ``flyreg._*`` package is internal. See ``docs/plugin_authoring.md``.
@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
+from flyreg._core.keys import SpecError
 from flyreg._plugins.hookspecs import hookimpl, hookspec
-from flyreg._plugins.manager import PluginError
+from flyreg._plugins.manager import HookError, PluginError
+from flyreg._plugins.record import Axis, OpRecord, RecordError
 
-__all__ = ["Config", "FlyregWarning", "JSONScalar", "PluginError", "hookimpl", "hookspec"]
+__all__ = ["Axis", "Config", "FlyregWarning", "HookError", "JSONScalar", "OpRecord", "PluginError", "RecordError",
+           "SpecError", "hookimpl", "hookspec"]

@@ -1,123 +1,96 @@
-"""The scratch disk cache: one JSON file per op, merged under a file lock."""
+"""The scratch disk cache: one SQLite database per cache dir (WAL), one row per (op, key).
+
+A lookup is one indexed read and a store one small transaction, whatever the cache's size; op
+names, keys and entries of any length are stored as they are. A file that is not a database of
+this schema (corrupt, foreign, not a regular file) is moved aside with a warning and rebuilt.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-import filelock
-import platformdirs
+from flyreg._core import settings
+from flyreg._core.fileio import remove_abandoned_temps, warn_once
+from flyreg._core.sqlite import Database, Schema
 
-from flyreg._core.fileio import warn_once, write_json_atomic
-from flyreg._artifacts.store import name_part
-
-SCHEMA = 1
+DB_NAME = "flyreg-cache.sqlite3"
+SCHEMA = Schema("scratch cache", 2, {"entries": ("op", "key", "entry", "updated")}, (
+    "CREATE TABLE IF NOT EXISTS entries (op TEXT NOT NULL, key TEXT NOT NULL, entry TEXT NOT NULL, "
+    "updated REAL NOT NULL, PRIMARY KEY (op, key)) WITHOUT ROWID",
+))
 
 
 def cache_dir() -> Path:
-    """``FLYREG_CACHE_DIR`` if set, else the user's cache dir; read on every call, never pinned."""
-    env = os.environ.get("FLYREG_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("flyreg", appauthor=False))
+    """``FLYREG_CACHE_DIR`` (expanded) if set, else the user's cache dir; the environment's current value."""
+    return settings.current().cache_dir
 
 
-def cache_file(op: str) -> Path:
-    """The scratch cache file of ``op``; distinct ops never share one (``a/b`` and ``a_b`` differ)."""
-    return cache_dir() / f"{name_part(op)}.json"
+def database() -> Path:
+    """The cache database of the current cache dir (every op's entries live in it)."""
+    return cache_dir() / DB_NAME
 
 
-def _parse(text: str) -> dict[str, Any]:
-    """The content of a flyreg cache file of this schema; ``ValueError`` for anything else."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), dict):
-        raise ValueError("not a flyreg cache file of schema 1")
-    return data
+DB = Database(database, SCHEMA)
 
 
-def _read(path: Path, op: str | None = None) -> dict[str, Any] | None:
-    """The entries of ``path``; ``{}`` when absent, ``None`` (with a warning) when corrupt or of another op.
-
-    With ``op``, a file whose ``"op"`` field names another op is not this op's cache (a file
-    written by hand, or by a flyreg that gave two ops one file name) and is ignored like a
-    corrupt one.
-    """
+def _decode(path: Path, op: str, key: str, text: str) -> dict[str, Any] | None:
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError) as e:
-        warn_once(f"flyreg: cannot read cache file {path}: {e}; ignoring it")
-        return None
-    try:
-        data = _parse(text)
+        entry = json.loads(text)
     except (ValueError, RecursionError) as e:
-        warn_once(f"flyreg: ignoring corrupt cache file {path}: {e}", key=f"corrupt:{path}:{len(text)}")
+        warn_once(f"flyreg: ignoring a corrupt entry of op {op!r} in {path}: {e}", key=f"bad-entry:{path}:{op}:{key}")
         return None
-    if op is not None and "op" in data and data["op"] != op:
-        warn_once(f"flyreg: ignoring cache file {path}: it holds the entries of op {data.get('op')!r}, "
-                  f"not {op!r}", key=f"other-op:{path}:{op}")
-        return None
-    return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+    return entry if isinstance(entry, dict) else None
 
 
-def _is_cache_file(path: Path) -> bool:
-    """True when ``path`` is a flyreg cache file of this schema (read quietly: no warning)."""
-    try:
-        _parse(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return True
+def get(op: str, key: str) -> dict[str, Any] | None:
+    """The entry of ``op`` under ``key``, or None; one indexed read, never raises on a bad database."""
+    rows = DB.read("SELECT entry FROM entries WHERE op = ? AND key = ?", (op, key))
+    return _decode(database(), op, key, rows[0][0]) if rows else None
 
 
 def load(op: str) -> dict[str, dict[str, Any]]:
-    """All entries of ``op``'s cache file, key -> entry; never raises on a bad file."""
-    return _read(cache_file(op), op) or {}
+    """Every entry of ``op``, key -> entry (for listing and lookups by spec; a call uses :func:`get`)."""
+    out = {}
+    for key, text in DB.read("SELECT key, entry FROM entries WHERE op = ? ORDER BY key", (op,)):
+        entry = _decode(database(), op, key, text)
+        if entry is not None:
+            out[key] = entry
+    return out
+
+
+def counts() -> dict[str, int]:
+    """Entries per op in the current cache database."""
+    return {op: n for op, n in DB.read("SELECT op, COUNT(*) FROM entries GROUP BY op ORDER BY op", ())}
 
 
 def store(op: str, key: str, entry: dict[str, Any]) -> Path:
-    """Add ``entry`` under ``key`` to ``op``'s cache file, keeping every other process's entries.
+    """Add (or replace) ``entry`` under ``key`` for ``op``: one small transaction; returns the database."""
+    text = json.dumps(entry, sort_keys=True)
+    with DB.write() as conn:
+        conn.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", (op, key, text, time.time()))
+    return database()
 
-    A corrupt file, or one holding another op's entries, is moved aside (``.corrupt-<time>``),
-    never overwritten.
+
+def clear(op: str | None = None) -> int:
+    """Delete ``op``'s entries, or every op's, and the temp files killed writers left; returns entries removed.
+
+    Anything else in the cache directory (a user's file, a database moved aside) is left alone.
     """
-    path = cache_file(op)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(f"{path}.lock"):
-        entries = _read(path, op)
-        if entries is None:
-            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
-            entries = {}
-        entries[key] = entry
-        write_json_atomic(path, {"schema": SCHEMA, "op": op, "entries": entries})
-    return path
+    remove_abandoned_temps(cache_dir())
+    if DB.connection(create=False) is None:
+        return 0
+    with DB.write() as conn:
+        if op is None:
+            cur = conn.execute("DELETE FROM entries")
+        else:
+            cur = conn.execute("DELETE FROM entries WHERE op = ?", (op,))
+    return cur.rowcount
 
 
-def clear(op: str | None = None) -> list[Path]:
-    """Delete ``op``'s cache file, or every op's; returns the files removed.
-
-    Only flyreg cache files are deleted: anything else in the cache directory (a user's
-    ``notes.json``, a corrupt file, a file moved aside) is left alone. Lock files stay, as
-    filelock expects: deleting one another process may be waiting on would break its lock.
-    """
-    directory = cache_dir()
-    if op is not None:
-        paths = [cache_file(op)]
-    else:
-        try:
-            paths = sorted(p for p in directory.glob("*.json") if p.is_file())
-        except OSError:
-            paths = []
-    removed = []
-    for p in paths:
-        if not _is_cache_file(p):  # absent (no lock file is made for it), or not ours
-            continue
-        with filelock.FileLock(f"{p}.lock"):
-            if not _is_cache_file(p):  # deleted or replaced by another process meanwhile
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-                removed.append(p)
-    return removed
+def close() -> None:
+    """Close this thread's connections (tests; a process's connections close at exit)."""
+    DB.close()

@@ -1,37 +1,69 @@
-"""Checking a directory of committed artifacts, for users' own CI (``flyreg check``)."""
+"""Checking directories of committed artifacts, for users' own CI (``flyreg check``).
+
+Each file is judged by the rule lookup uses (:mod:`flyreg._artifacts.usable`): what ``check``
+calls an error, lookup ignores; what it passes, lookup serves.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import attrs
 
+from flyreg._artifacts.store import Artifact
+from flyreg._artifacts.usable import read, rejection
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.keys import fingerprint, toolchain
-from flyreg._artifacts.store import ArtifactError, load_artifact, name_part, parse_filename
+from flyreg._core.toolchain import platform_of
 
 #: ``accepts(op, spec, config)``: why ``op`` would not take ``config`` for ``spec``, or None.
 Accepts = Callable[[str, dict[str, JSONScalar], Config], "str | None"]
+
+#: Files listed under each kind of finding in the summary, unless ``verbose``.
+SHOWN = 3
+
+#: What each kind of unusable file is called in the summary.
+_LABELS = {
+    "unlisted": "lookup never reads it",
+    "malformed": "malformed",
+    "unsanitized": "device name not sanitized",
+    "misnamed": "filename does not match its content",
+    "misfit": "spec does not fit the op's axes",
+    "rejected": "config not accepted by its op",
+    "unknown-op": "unknown op",
+    "unreadable-dir": "not a readable directory",
+}
 
 
 @attrs.frozen
 class Problem:
     """One finding.
 
-    ``severity`` is ``error`` (lookup will not serve the file as intended), ``stale`` (tuned with
-    another toolchain) or ``warning`` (its op is broken or disabled here, so it cannot be checked
-    against the op); only ``error`` fails ``flyreg check`` without ``--strict``.
+    ``severity`` is ``error`` (lookup will not serve the file as intended), ``stale`` (something
+    its backend depends on changed since it was tuned) or ``warning`` (its op is broken or disabled
+    here, so it cannot be checked against the op); only ``error`` fails ``flyreg check`` without
+    ``--strict``. ``kind`` groups findings in the summary (a stale one's is what changed).
     """
 
     path: Path
     severity: str
     message: str
+    kind: str = ""
 
     def __str__(self) -> str:
         return f"{self.path}: {self.severity}: {self.message}"
+
+
+@attrs.frozen
+class CheckReport:
+    """What :func:`check_report` found: the problems, how many artifact files it read in how many
+    directories, and the files whose staleness this machine cannot tell (path, why)."""
+
+    problems: list[Problem]
+    files: int
+    dirs: int
+    unchecked: list[tuple[Path, str]]
 
 
 def check_artifacts(
@@ -41,73 +73,112 @@ def check_artifacts(
     accepts: Accepts | None = None,
     unavailable: Mapping[str, str] | None = None,
 ) -> list[Problem]:
-    """Check every ``*.json`` in ``dirs``: schema, filename against content, known op, config, device, staleness.
+    """Check every ``*.json`` in ``dirs`` as lookup would judge it; the problems of :func:`check_report`.
 
     ``known_ops`` maps op name -> op version; when given, unknown ops are errors and an artifact
-    whose toolchain fingerprint differs from the op's current one is ``stale``. Without it, only
-    the shared part of the toolchain (flyreg, torch, Triton, CUDA/HIP) is compared.
+    tuned on another op version is ``stale``. Staleness compares what the artifact's backend
+    depends on (:mod:`flyreg._core.toolchain`), never the flyreg version.
     ``accepts(op, spec, config)`` says why a known op would not take the artifact's config for
     its spec (None when it would); lookup ignores such a file, so it is an error. An exception
-    it raises is an error too. ``unavailable`` maps the ops that are registered but unusable
-    here to their status (``broken``, ``disabled``): their artifacts get a ``warning``, not an
+    it raises is an error too (a ``SpecError``: the spec does not fit the op's axes). ``unavailable``
+    maps the ops that are registered but unusable here to their status (``broken``, ``disabled``): their artifacts get a ``warning``, not an
     unknown-op error. Never raises for a bad file or directory.
     """
+    return check_report(dirs, known_ops, accepts=accepts, unavailable=unavailable).problems
+
+
+def check_report(
+    dirs: Iterable[str | os.PathLike[str]],
+    known_ops: Mapping[str, str] | None = None,
+    *,
+    accepts: Accepts | None = None,
+    unavailable: Mapping[str, str] | None = None,
+) -> CheckReport:
+    """:func:`check_artifacts` with the counts and the files whose staleness cannot be told here.
+
+    A directory that cannot be listed is one ``error``; the other directories are still checked.
+    """
     problems: list[Problem] = []
+    unchecked: list[tuple[Path, str]] = []
+    files = n_dirs = 0
     for d in dirs:
         directory = Path(d)
+        n_dirs += 1
         try:
             paths = sorted(p for p in directory.iterdir() if p.name.endswith(".json"))
         except OSError as e:
-            problems.append(Problem(directory, "error", f"not a readable directory: {e}"))
+            problems.append(Problem(directory, "error", f"not a readable directory: {e}", "unreadable-dir"))
             continue
+        files += len(paths)
         for path in paths:
-            problems.extend(_check_one(path, known_ops, accepts, unavailable or {}))
-    return problems
+            found, unknown = _check_one(path, known_ops, accepts, unavailable or {})
+            problems.extend(found)
+            if unknown:
+                unchecked.append((path, unknown))
+    return CheckReport(problems, files, n_dirs, unchecked)
 
 
 def _check_one(path: Path, known_ops: Mapping[str, str] | None, accepts: Accepts | None,
-               unavailable: Mapping[str, str]) -> list[Problem]:
-    if parse_filename(path.name) is None:
-        hint = "hidden files are" if path.name.startswith(".") else "the name is"
-        return [Problem(path, "error",
-                        f"lookup never reads it: {hint} not op,<axis>=<value>,...,device_name=<name>.json")]
-    try:
-        art = load_artifact(path)
-    except ArtifactError as e:
-        return [Problem(path, "error", str(e))]
-    found = []
-    if name_part(art.device.name) != art.device.name:
-        found.append(Problem(path, "error", f"device name {art.device.name!r} is not sanitized "
-                                            f"(runtime names are ASCII letters, digits and ._-)"))
-    if path.name != art.filename:
-        found.append(Problem(path, "error", f"filename does not match its content (expected {art.filename})"))
+               unavailable: Mapping[str, str]) -> tuple[list[Problem], str | None]:
+    """The problems of one file, and why its staleness cannot be told here (None when it can)."""
+    judged = read(path)
+    if judged.problem is not None:
+        return [Problem(path, "error", judged.problem.message, judged.problem.kind)], None
+    art = judged.artifact
+    assert art is not None  # read() gives the artifact whenever it finds no problem
     known = known_ops is not None and art.op in known_ops
     if art.op in unavailable and not known:
-        found.append(Problem(path, "warning", f"op {art.op!r} is {unavailable[art.op]} here, so its config "
-                                              f"and op version are not checked"))
+        found = [Problem(path, "warning", f"op {art.op!r} is {unavailable[art.op]} here, so its config and op "
+                                          f"version are not checked", f"op {unavailable[art.op]} here")]
     elif known_ops is not None and not known:
-        found.append(Problem(path, "error", f"unknown op {art.op!r} (known: {', '.join(sorted(known_ops)) or 'none'})"))
-    elif known and accepts is not None:
-        try:
-            why = accepts(art.op, dict(art.spec), art.config)
-        except Exception as e:  # a plugin's hook failing on this spec: lookup would fail on it too
-            why = f"its configs() or default() failed on the spec: {type(e).__name__}: {' '.join(str(e).split())}"
-        if why:
-            found.append(Problem(path, "error", f"config not accepted by op {art.op!r} for spec "
-                                                f"{_spec_text(art.spec)}: {why}; lookup ignores this file"))
-    have: dict[str, Any] = dict(art.provenance["toolchain"])  # load_artifact checked it is an object
-    if known:
-        current = fingerprint(known_ops[art.op])  # type: ignore[index]
-    else:  # no op version to compare: the shared part of the toolchain only
-        current = dict(toolchain())
-        have.pop("op", None)
-    if have != current:
-        changed = sorted(k for k in set(have) | set(current) if have.get(k) != current.get(k))
-        found.append(Problem(path, "stale", f"tuned with another toolchain ({', '.join(changed)} differ: "
-                                             f"{ {k: have.get(k) for k in changed} } vs current "
-                                             f"{ {k: current.get(k) for k in changed} }); re-tune it"))
-    return found
+        return [Problem(path, "error", f"unknown op {art.op!r} (known: {', '.join(sorted(known_ops)) or 'none'})",
+                        "unknown-op")], None
+    else:
+        found = []
+        if known and accepts is not None:
+            op = art.op
+            rejected = rejection(art, lambda config, spec: accepts(op, spec, config))
+            if rejected is not None:
+                return [Problem(path, "error", rejected.message, rejected.kind)], None
+    return _staleness(art, known_ops.get(art.op) if known_ops is not None else None, found)
 
 
-def _spec_text(spec: Mapping[str, JSONScalar]) -> str:
-    return ",".join(f"{k}={v}" for k, v in spec.items())
+def _staleness(art: Artifact, op_version: str | None, found: list[Problem]) -> tuple[list[Problem], str | None]:
+    staleness = art.staleness(op_version)
+    if staleness.stale:
+        reason = staleness.reason()
+        found.append(Problem(art.path, "stale", f"tuned with another toolchain ({reason}); re-tune it", reason))
+        return found, None
+    if not staleness.unknown:
+        return found, None
+    platform = platform_of(art.device.arch)
+    if platform in staleness.unknown:
+        return found, f"{art.device.arch} artifacts: no {platform.upper()} here to compare with"
+    return found, f"{', '.join(staleness.unknown)} not installed here"
+
+
+def summary(report: CheckReport, *, strict: bool = False, verbose: bool = False) -> list[str]:
+    """The lines ``flyreg check`` prints: each kind of finding with its count and its first
+    :data:`SHOWN` files (every file with ``verbose``), the files whose staleness this machine
+    cannot tell, then one line of totals."""
+    lines: list[str] = []
+    groups: dict[tuple[str, str], list[str]] = {}
+    for p in report.problems:
+        groups.setdefault((p.severity, p.kind), []).append(str(p))
+    for reason in dict.fromkeys(r for _, r in report.unchecked):
+        groups[("not compared", reason)] = [str(p) for p, r in report.unchecked if r == reason]
+    order = ("error", "stale", "warning", "not compared")
+    for (severity, kind), items in sorted(groups.items(), key=lambda g: order.index(g[0][0])):
+        label = _LABELS.get(kind, kind)
+        lines.append(f"{severity}: {label}: {len(items)} file(s)" if severity != "not compared" else
+                     f"staleness not compared ({label}): {len(items)} file(s)")
+        shown = items if verbose else items[:SHOWN]
+        lines.extend(f"  {item}" for item in shown)
+        if len(items) > len(shown):
+            lines.append(f"  ... and {len(items) - len(shown)} more (--verbose lists every file)")
+    failing = [p for p in report.problems if p.severity == "error" or strict]
+    passing = {} if strict else {s: sum(1 for p in report.problems if p.severity == s) for s in ("stale", "warning")}
+    notes = [f"{n} {'stale' if s == 'stale' else 'warning(s)'}" for s, n in passing.items() if n]
+    lines.append(f"checked {report.files} artifact(s) in {report.dirs} dir(s): {len(failing)} problem(s)"
+                 + (f", {' and '.join(notes)} (not an error without --strict)" if notes else ""))
+    return lines

@@ -31,17 +31,18 @@ _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
 def _user_errors(fn: F) -> F:
-    """Turn flyreg's user-facing errors into one line and a non-zero exit (2 for an unknown op)."""
+    """Turn flyreg's user-facing errors into one line and a non-zero exit (2 for an unknown op or a bad spec)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from flyreg._core.keys import SpecError
         from flyreg._plugins.manager import PluginError
         from flyreg._plugins.registry import OpUnavailableError, UnknownOpError
         from flyreg._cli.tune_jobs import one_line
 
         try:
             return fn(*args, **kwargs)
-        except UnknownOpError as e:
+        except (UnknownOpError, SpecError) as e:
             raise click.UsageError(one_line(e, typed=False)) from None
         except (OpUnavailableError, PluginError, LookupError, ValueError, TypeError) as e:
             raise click.ClickException(one_line(e, typed=False)) from None
@@ -128,10 +129,11 @@ def _check_op_names(names: list[str]) -> None:
 def _out_dir(out: Path | None, create: bool) -> Path:
     """The artifact directory, checked writable (and created unless ``create`` is false)."""
     from flyreg._artifacts.store import emit_dir
+    from flyreg._core.settings import current, expand_path
 
     given = out is not None
-    directory = (out if out is not None else emit_dir()).expanduser().absolute()
-    what = "--out" if given else ("FLYREG_CONFIG_DIR" if os.environ.get("FLYREG_CONFIG_DIR") else "config dir")
+    directory = (expand_path(str(out)) if out is not None else emit_dir()).absolute()
+    what = "--out" if given else ("FLYREG_CONFIG_DIR" if current().config_dirs else "config dir")
     if directory.exists() and not directory.is_dir():
         raise click.BadParameter(f"{str(directory)!r} is not a directory", param_hint=what)
     if not create:
@@ -152,18 +154,20 @@ def _device_option(what: str) -> Callable[[F], F]:
 
 
 # -- the commands -------------------------------------------------------------------------------------
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Group(click.Group):
+    """The ``flyreg`` group: its help ends with every environment variable flyreg reads."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from flyreg._core.settings import help_rows
+
+        with formatter.section("Environment (a bad value warns and the default is used)"):
+            formatter.write_dl(help_rows())
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="flyreg")
 def cli() -> None:
-    """flyreg: list, tune and serve the configs of registered GPU kernels.
-
-    \b
-    Environment:
-      FLYREG_CONFIG_DIR   artifact dirs (os.pathsep-separated); the first is where tune writes
-      FLYREG_CACHE_DIR    the scratch cache dir
-      FLYREG_DISABLE_OPS  ops to treat as disabled (comma-separated)
-      FLYREG_COMPILE_THREADS  threads compiling a search's candidates
-    """
+    """flyreg: list, tune and serve the configs of registered GPU kernels."""
 
 
 @cli.command("list")
@@ -181,7 +185,7 @@ def list_ops(as_json: bool, device: str | None) -> None:
     for info in ops():
         plugin_dirs = []
         if info.status == "ok":
-            config_dir = REGISTRY.plugin(info.name).description.config_dir
+            config_dir = REGISTRY.plugin(info.name).record.config_dir
             plugin_dirs = [config_dir] if config_dir else []
         rows.append({
             "op": info.name, "distribution": info.distribution, "version": info.version, "status": info.status,
@@ -263,47 +267,74 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     """Show the config a runtime call of OP with this spec gets, and where it comes from.
 
     The lookup is the runtime's: the scratch cache, then the offline artifacts, then the op's
-    default. No search is run.
+    default. No search is run. For an op that declares its axes, the spec is checked against
+    them; an ordered or bucketed axis left out stands for each of its buckets (one row each),
+    and an axis with a device default left out gets the device's value.
     """
-    from flyreg._core.keys import identity_of
-    from flyreg._plugins.registry import REGISTRY, accepts
+    from flyreg._core.keys import identity_of, parse_device
+    from flyreg._plugins.record import spec_rows
+    from flyreg._plugins.registry import REGISTRY
+    from flyreg._runtime.resolution import what_serves
 
     tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
+    record = REGISTRY.plugin(op_name).record
     dev = resolve_device(device)
     ident = identity_of(dev)
+    wanted: list[dict[str, Any]] = []
+    for given in specs:
+        wanted.extend(s for s in spec_rows(op_name, record, given, parse_device(dev)[0]) if s not in wanted)
     out = []
-    for spec in specs:
+    for spec in wanted:
         try:
-            res = tuner.resolve_spec(spec, dev)
+            res, offline = what_serves(tuner, spec, dev)
         except Exception as e:
             raise click.ClickException(_unresolved(op_name, spec, dev, e)) from None
         row = {"op": op_name, "spec": res.spec, "device": ident.to_json(), "config": res.config.to_json(),
-               "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest, "offline": None}
-        if res.source in ("cache", "memory"):  # what would serve it without the scratch cache
-            hit = tuner.offline.lookup(res.spec, ident, accepts=lambda c, spec=res.spec: accepts(op_name, spec, c))
-            row["offline"] = str(hit.path) if hit is not None else None
+               "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest,
+               "offline": offline.path if offline is not None and res.source in ("cache", "memory") else None}
         out.append((row, res.config))
     if as_json:
         click.echo(json.dumps([r for r, _ in out], indent=2))
-        return
+    elif len(out) > 1:
+        _show_table(op_name, ident, out)
+    else:
+        _show_one(op_name, ident, *out[0])
+
+
+def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
+    """The resolution of one spec, a line per fact."""
     from flyreg._cli.tune_jobs import config_str, spec_str
 
-    for i, (r, config) in enumerate(out):
-        if i:
-            click.echo()
-        click.echo(f"op:      {op_name}")
-        click.echo(f"spec:    {spec_str(r['spec'])}")
-        click.echo(f"device:  {ident.name} ({ident.arch})")
-        click.echo(f"config:  {config_str(config)}")
-        click.echo(f"source:  {r['source']}")
-        if r["path"]:
-            click.echo(f"path:    {r['path']}")
-        if r["nearest"]:
-            click.echo("note:    tuned for the nearest spec, not this one")
-        if r["stale"]:
-            click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
-        if r["offline"]:
-            click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+    click.echo(f"op:      {op}")
+    click.echo(f"spec:    {spec_str(r['spec'])}")
+    click.echo(f"device:  {ident.name} ({ident.arch})")
+    click.echo(f"config:  {config_str(config)}")
+    click.echo(f"source:  {r['source']}")
+    if r["path"]:
+        click.echo(f"path:    {r['path']}")
+    if r["nearest"]:
+        click.echo("note:    tuned for the nearest spec, not this one")
+    if r["stale"]:
+        click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
+    if r["offline"]:
+        click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+
+
+def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> None:
+    """The resolutions of several specs, a table row each."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from flyreg._cli.tune_jobs import config_str, make_console, spec_str
+
+    table = Table(title=f"{op} on {ident.name} ({ident.arch})")
+    for col in ("spec", "config", "source", "path"):
+        table.add_column(col, overflow="fold")
+    for r, config in out:
+        notes = [n for n, on in (("nearest", r["nearest"]), ("stale", r["stale"])) if on]
+        source = r["source"] + (f" ({', '.join(notes)})" if notes else "")
+        table.add_row(escape(spec_str(r["spec"])), escape(config_str(config)), source, escape(r["path"] or "-"))
+    make_console().print(table)
 
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
@@ -327,83 +358,82 @@ def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str
 @cli.command()
 @click.argument("dirs", nargs=-1, type=click.Path(path_type=Path), metavar="[DIR]...")
 @click.option("--strict", is_flag=True, help="Fail on stale artifacts and warnings too.")
+@click.option("--verbose", "-v", is_flag=True, help="List every file of each finding, not the first few.")
 @_user_errors
-def check(dirs: tuple[Path, ...], strict: bool) -> None:
+def check(dirs: tuple[Path, ...], strict: bool, verbose: bool) -> None:
     """Validate offline artifacts in DIRs (default: every lookup directory that exists).
 
-    Checks each *.json: well-formed, named by its content, a known op, a config that op
-    accepts for its spec, a sanitized device name; and reports stale ones, and warns about
-    artifacts of ops that are broken or disabled here. Exits 1 if any error (with --strict,
-    any stale artifact or warning too).
+    Judges each *.json by the rule lookup uses: well-formed, named by its content, a known op, a
+    config that op accepts for its spec, a sanitized device name; reports stale ones (something
+    their backend depends on changed), and warns about artifacts of ops that are broken or
+    disabled here. Prints each kind of finding with its count and first files. Exits 1 if any
+    error (with --strict, any stale artifact or warning too).
     """
-    from flyreg._artifacts.store import OfflineStore
+    from flyreg._artifacts.store import lookup_dirs
+    from flyreg._artifacts.validate import check_report, summary
     from flyreg._plugins.registry import REGISTRY, accepts, ops
-    from flyreg._artifacts.validate import check_artifacts
 
     known, unavailable, plugin_dirs = {}, {}, []
     for info in ops():
         if info.status != "ok":
             unavailable[info.name] = info.status
             continue
-        d = REGISTRY.plugin(info.name).description
-        known[info.name] = d.version
-        if d.config_dir:
-            plugin_dirs.append(d.config_dir)
-    targets = list(dirs) or [d for d in OfflineStore("", plugin_dirs, (), "0").dirs() if d.is_dir()]
-    problems = check_artifacts(targets, known, accepts=accepts, unavailable=unavailable)
-    n_files = sum(len([p for p in Path(d).iterdir() if p.name.endswith(".json")])
-                  for d in targets if Path(d).is_dir())
-    for p in problems:
-        click.echo(str(p))
-    failing = [p for p in problems if p.severity == "error" or strict]
-    passing = {} if strict else {s: sum(1 for p in problems if p.severity == s) for s in ("stale", "warning")}
-    notes = [f"{n} {'stale' if s == 'stale' else 'warning(s)'}" for s, n in passing.items() if n]
-    click.echo(f"checked {n_files} artifact(s) in {len(targets)} dir(s): {len(failing)} problem(s)"
-               + (f", {' and '.join(notes)} (not an error without --strict)" if notes else ""))
-    if failing:
+        rec = REGISTRY.plugin(info.name).record
+        known[info.name] = rec.version
+        if rec.config_dir:
+            plugin_dirs.append(rec.config_dir)
+    targets = list(dirs) or [d for d in lookup_dirs(plugin_dirs) if _present(d)]
+    report = check_report(targets, known, accepts=accepts, unavailable=unavailable)
+    for line in summary(report, strict=strict, verbose=verbose):
+        click.echo(line)
+    if any(p.severity == "error" or strict for p in report.problems):
         sys.exit(1)
+
+
+def _present(directory: Path) -> bool:
+    """False only when ``directory`` surely does not exist; one that cannot be looked at is checked (and reported)."""
+    try:
+        os.stat(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @cli.group()
 def cache() -> None:
-    """The scratch disk cache (FLYREG_CACHE_DIR, else the user cache dir)."""
+    """The scratch disk cache: one SQLite database in FLYREG_CACHE_DIR, else the user cache dir."""
 
 
 def _cache_op(op_name: str | None) -> None:
-    """Reject an op name that is neither registered nor has a cache file (a typo)."""
+    """Reject an op name that is neither registered nor has cache entries (a typo)."""
     from flyreg._artifacts import cache as scratch
     from flyreg._plugins.registry import REGISTRY
 
-    if op_name is not None and op_name not in REGISTRY.names() and not scratch.cache_file(op_name).exists():
+    if op_name is not None and op_name not in REGISTRY.names() and op_name not in scratch.counts():
         _check_op_names([op_name])
 
 
 @cache.command("path")
-@click.argument("op_name", required=False, metavar="[OP]")
 @_user_errors
-def cache_path(op_name: str | None) -> None:
-    """Print the cache directory, or OP's cache file."""
+def cache_path() -> None:
+    """Print the cache database (every op's entries live in it)."""
     from flyreg._artifacts import cache as scratch
 
-    _cache_op(op_name)
-    click.echo(str(scratch.cache_file(op_name) if op_name else scratch.cache_dir()))
+    click.echo(str(scratch.database()))
 
 
 @cache.command("clear")
 @click.argument("op_name", required=False, metavar="[OP]")
 @_user_errors
 def cache_clear(op_name: str | None) -> None:
-    """Delete OP's cache file, or every op's; other files in the cache directory are left alone."""
+    """Delete OP's cache entries, or every op's, and temp files left by killed writers."""
     from flyreg._artifacts import cache as scratch
 
     _cache_op(op_name)
-    directory = scratch.cache_dir()
-    removed = []
-    if directory.is_dir() and (op_name is None or scratch.cache_file(op_name).exists()):
-        removed = scratch.clear(op_name)
-    click.echo(f"removed {len(removed)} cache file(s) from {directory}")
-    if op_name is not None and not removed and scratch.cache_file(op_name).exists():
-        click.echo(f"flyreg: {scratch.cache_file(op_name)} is not a flyreg cache file; left it in place", err=True)
+    removed = scratch.clear(op_name)
+    click.echo(f"removed {removed} cache entr{'y' if removed == 1 else 'ies'} from {scratch.database()}")
 
 
 # -- entry point ----------------------------------------------------------------------------------------
@@ -426,9 +456,14 @@ def _one_line_warnings() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (also ``python -m flyreg``)."""
+    from flyreg._cli import supervise
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if supervise.wanted(args):
+        sys.exit(supervise.run(args))
     _one_line_warnings()
     try:
-        code = cli.main(args=argv, prog_name="flyreg", standalone_mode=False)
+        code = cli.main(args=args, prog_name="flyreg", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("flyreg: interrupted", err=True)
         sys.exit(130)
@@ -442,4 +477,7 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+    status = code if isinstance(code, int) else 0
+    if status == 0:
+        supervise.mark_done()
+    sys.exit(status)

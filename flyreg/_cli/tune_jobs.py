@@ -15,10 +15,10 @@ from typing import Any
 
 import attrs
 
+from flyreg._artifacts.names import canonical_spec, name_part, spec_text
+from flyreg._artifacts.store import index, lookup_dirs
 from flyreg._core.config import Config
 from flyreg._core.keys import DeviceIdentity, identity_of
-from flyreg._artifacts.store import (ArtifactError, OfflineStore, artifact_filename, canonical_spec, index, load_artifact, name_part,
-                      spec_text)
 
 #: Exit codes of ``flyreg tune``.
 EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
@@ -53,37 +53,25 @@ class Job:
 def count_artifacts(op: str, device: DeviceIdentity, plugin_dirs: Iterable[Path]) -> int:
     """How many artifacts of ``op`` for this device product exist across the lookup directories."""
     names: set[str] = set()
-    for d in OfflineStore(op, [str(p) for p in plugin_dirs], (), "0").dirs():
+    for d in lookup_dirs(plugin_dirs):
         for fname, (fop, _axes, dev) in index(d).items():
             if fop == name_part(op) and dev == name_part(device.name):
                 names.add(fname)
     return len(names)
 
 
-def _current(path: Path, op: str, op_version: str, ident: DeviceIdentity) -> bool:
-    """True when lookup would serve ``path`` on ``ident`` as it is, so tuning it again is not needed.
-
-    That is: a well-formed artifact, named by its content, of ``op`` on this device (product and
-    architecture), holding a config the op takes for its spec, and tuned with the current
-    toolchain. Any other file at that name is re-tuned (and, if malformed, moved aside first).
-    """
-    from flyreg._plugins.registry import accepts
+def _skip_reason(op: str, spec: dict[str, Any], ident: DeviceIdentity, out_dir: Path) -> str | None:
+    """"current artifact" when lookup would serve the artifact in ``out_dir`` for ``spec`` as it is
+    (the resolution chain's current-artifact source), so tuning it again is not needed. Any other
+    file at that name is re-tuned (and, if malformed, moved aside first)."""
+    from flyreg._plugins.registry import REGISTRY
+    from flyreg._runtime.resolution import current_artifact
 
     try:
-        art = load_artifact(path)
-    except ArtifactError:  # absent, unreadable or malformed
-        return False
-    if art.filename != path.name or art.op != op or art.device != ident or art.stale(op_version):
-        return False
-    try:
-        return accepts(op, dict(art.spec), art.config) is None
+        current = current_artifact(REGISTRY.tuner(op), spec, ident, out_dir)
     except Exception:  # the op's hooks fail on its spec: the tune reports why
-        return False
-
-
-def _skip_reason(op: str, spec: dict[str, Any], ident: DeviceIdentity, out_dir: Path, version: str) -> str | None:
-    path = out_dir / artifact_filename(op, spec, ident.name)
-    return "current artifact" if _current(path, op, version, ident) else None
+        return None
+    return "current artifact" if current is not None else None
 
 
 def one_line(e: BaseException, typed: bool = True) -> str:
@@ -157,11 +145,14 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
         axes: set[str] = set()
         matched = 0
         for raw in wanted:
-            try:
-                spec = canonical_spec(raw, "workload spec")
-            except (TypeError, ValueError) as e:
-                jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {one_line(e)}"))
-                continue
+            if specs:  # the user's: a spec that does not fit the op's axes is a usage error (SpecError)
+                spec = canonical_spec(plugin.check_spec(raw, device))
+            else:
+                try:
+                    spec = canonical_spec(plugin.check_spec(canonical_spec(raw, "workload spec"), device))
+                except (TypeError, ValueError) as e:
+                    jobs.append(Job(name, {}, error=f"bad workload {raw!r}: {one_line(e)}"))
+                    continue
             axes.update(spec)
             if where and not _matches(spec, where):
                 continue
@@ -171,7 +162,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             seen.add(spec_text(spec))
             job = Job(name, spec)
             if not force:
-                job.skip = _skip_reason(name, spec, ident, out_dir, plugin.description.version)
+                job.skip = _skip_reason(name, spec, ident, out_dir)
             jobs.append(job)
         if where and not matched and not specs:
             unknown = sorted({k for w in where for k in w} - axes)
@@ -187,11 +178,12 @@ def _tune_one(job: Job, device: str, out_dir: Path, force: bool) -> None:
     plugin = REGISTRY.plugin(job.op)
     tuner = REGISTRY.tuner(job.op)
     args, kwargs = plugin.make_inputs(dict(job.spec), device)
-    spec = canonical_spec(plugin.specialize(args, kwargs), f"{job.op}: specialize() result")
+    spec = canonical_spec(plugin.check_spec(canonical_spec(plugin.specialize(args, kwargs),
+                                                           f"{job.op}: specialize() result"), device))
     if spec_text(spec) != spec_text(job.spec):
         job.tuned_spec = spec
         if not force:
-            job.skip = _skip_reason(job.op, spec, identity_of(device), out_dir, plugin.description.version)
+            job.skip = _skip_reason(job.op, spec, identity_of(device), out_dir)
             if job.skip:
                 return
     job.result = tuner.tune(*args, out_dir=out_dir, **kwargs)
@@ -226,7 +218,7 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from flyreg._runtime.builder import BUILD_CACHE
+    from flyreg._runtime.builds import BUILD_CACHE
 
     console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]

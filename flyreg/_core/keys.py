@@ -1,9 +1,8 @@
-"""Cache-key axes: tensor layouts, device identity, toolchain fingerprint, environment."""
+"""Cache-key axes: tensor layouts, device identity, the toolchain the spec depends on, environment."""
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import os
 import platform
@@ -13,8 +12,8 @@ from typing import Any
 
 import attrs
 
-from flyreg._version import __version__
 from flyreg._core.config import JSONScalar, check_scalar
+from flyreg._core.toolchain import current
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -86,15 +85,15 @@ def _device_identity(device_type: str, index: int | None) -> DeviceIdentity:
     return DeviceIdentity(sanitize(props.name), arch)
 
 
-def identity_of(device: Any) -> DeviceIdentity:
-    """Identity of ``None`` (the CPU), a ``torch.device``, a device string (``"cpu"``, ``"cuda"``,
-    ``"cuda:1"``) or a CUDA index (``1`` is ``"cuda:1"``, as in torch).
+def parse_device(device: Any) -> tuple[str, int | None]:
+    """``(type, CUDA index or None)`` of ``None`` (the CPU), a ``torch.device``, a device string (``"cpu"``,
+    ``"cuda"``, ``"cuda:1"``) or a CUDA index (``1`` is ``"cuda:1"``, as in torch).
 
     Only CPU and CUDA devices are tuned on; anything else (``"gpu"``, ``"meta"``, ``"cuda:x"``,
     ``"mps"``) is a ValueError naming the device.
     """
     if device is None:
-        return device_identity("cpu")
+        return "cpu", None
     import torch
 
     if isinstance(device, int) and not isinstance(device, bool):
@@ -111,40 +110,22 @@ def identity_of(device: Any) -> DeviceIdentity:
                          f"got {type(device).__name__} {device!r}")
     if parsed.type not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r} is not supported: flyreg tunes on 'cpu' or 'cuda[:N]' devices only")
-    return device_identity(parsed.type, parsed.index if parsed.type == "cuda" else None)
+    return parsed.type, parsed.index if parsed.type == "cuda" else None
 
 
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@functools.lru_cache(maxsize=1)
-def toolchain() -> tuple[tuple[str, str], ...]:
-    """flyreg, torch, Triton, CUDA and HIP versions where present; computed once per process."""
-    parts: dict[str, str | None] = {"flyreg": __version__}
-    parts["torch"] = _dist_version("torch")
-    parts["triton"] = _dist_version("triton") or _dist_version("pytorch-triton")
-    try:
-        import torch
-
-        parts["cuda"] = getattr(torch.version, "cuda", None)
-        parts["hip"] = getattr(torch.version, "hip", None)
-    except ImportError:
-        pass
-    return tuple((k, str(v)) for k, v in parts.items() if v)
-
-
-def fingerprint(op_version: str) -> dict[str, str]:
-    """The toolchain fingerprint of an op: :func:`toolchain` plus the op's own version."""
-    return {**dict(toolchain()), "op": op_version}
+def identity_of(device: Any) -> DeviceIdentity:
+    """Identity of a device as :func:`parse_device` reads it (``None`` is the CPU)."""
+    return device_identity(*parse_device(device))
 
 
 def env_values(names: Iterable[str]) -> tuple[tuple[str, str | None], ...]:
     """Current values of the declared cache-invalidating environment variables."""
     return tuple((n, os.environ.get(n)) for n in names)
+
+
+class SpecError(ValueError):
+    """A spec that does not fit its op's declared axes; the one-line message names the op, every
+    offending axis, and the axes and values the op allows."""
 
 
 def normalize_spec(spec: object, what: str = "spec") -> dict[str, JSONScalar]:
@@ -183,14 +164,19 @@ def cache_key(
     op_version: str,
     env: tuple[tuple[str, str | None], ...],
 ) -> str:
-    """The scratch-cache key of one resolved call, as a canonical JSON string."""
+    """The scratch-cache key of one resolved call, as a canonical JSON string.
+
+    Its ``toolchain`` is what a config of ``spec`` on ``device`` depends on
+    (:func:`flyreg._core.toolchain.current`), so installing a library the spec's backend does not
+    use keeps every entry.
+    """
     return json.dumps(
         {
             "op": op,
             "spec": dict(spec),
             "tensors": tensors,
             "device": device.to_json(),
-            "toolchain": fingerprint(op_version),
+            "toolchain": current(spec, device.arch, op_version),
             "env": dict(env),
         },
         sort_keys=True,

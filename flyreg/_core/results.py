@@ -2,17 +2,51 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import attrs
 
-from flyreg._search.bench import BenchResult
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import DeviceIdentity
 
 
+@attrs.frozen
+class BenchResult:
+    """Per-rep times in milliseconds: ``median`` and the spread around it."""
+
+    median: float
+    p20: float
+    p80: float
+    min: float
+    max: float
+    reps: int
+
+    @classmethod
+    def of(cls, times: list[float]) -> BenchResult:
+        if not times:
+            raise ValueError("times must not be empty")
+        qs = statistics.quantiles(times, n=5, method="inclusive") if len(times) > 1 else [times[0]] * 4
+        return cls(statistics.median(times), qs[0], qs[3], min(times), max(times), len(times))
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: the relative spread of the middle reps."""
+        return (self.p80 - self.p20) / self.median if self.median > 0 else 0.0
+
+
 class TuneError(RuntimeError):
-    """No candidate config of an op could run correctly on a spec."""
+    """No candidate config of an op could run correctly on a spec.
+
+    ``failed`` lists the configs that raised and ``rejected`` those the correctness gate turned
+    down, each with its reason.
+    """
+
+    def __init__(self, message: str, failed: tuple[tuple[Any, str], ...] = (),
+                 rejected: tuple[tuple[Any, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.rejected = rejected
 
 
 class GraphCaptureError(RuntimeError):

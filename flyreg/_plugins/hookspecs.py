@@ -20,6 +20,7 @@ from typing import Any
 import pluggy
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._plugins.record import OpRecord
 
 PROJECT = "flyreg"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -150,24 +151,26 @@ def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 @hookspec(firstresult=True)
-def describe() -> Mapping[str, Any]:
-    """Return facts about the op. Every key is optional:
+def describe() -> OpRecord | Mapping[str, Any]:
+    """Return the op's record (:class:`flyreg.plugin.OpRecord`); every field is optional:
 
     ``description`` (one line), ``version`` (bump it to invalidate caches and artifacts),
     ``structural`` (knob names that change the built code; default: all knobs),
-    ``restore_value`` and ``reset_to_zero`` (argument names of tensors the kernel updates in
-    place), ``ordered_axes`` (spec axes for nearest lookup), ``config_dir`` (a directory of
+    ``arg_names`` (names of the positional arguments), ``restore_value`` and ``reset_to_zero``
+    (argument names of tensors the kernel updates in place), ``axes`` (the spec axes, each a
+    :class:`flyreg.plugin.Axis`: every spec is checked against them), ``ordered_axes`` (spec axes
+    for nearest lookup, for an op that declares no ``axes``), ``config_dir`` (a directory of
     shipped artifacts), ``key_env`` (environment variables whose values invalidate cached
-    configs), ``arg_names`` (names of the positional arguments), ``timing`` (how a search on a GPU
-    times candidates: ``"steady"``, the default, ``"flushed"`` for kernels that cannot be
-    captured in a CUDA graph, or ``"graph"``). Any other key is an error.
+    configs), ``timing`` (how a search on a GPU times candidates: ``"steady"``, the default,
+    ``"flushed"`` for kernels that cannot be captured in a CUDA graph, or ``"graph"``).
 
-    Called once, when the op is loaded.
+    A dict of these fields (``axes`` aside) is accepted too, as before the record; any other key
+    is an error. Called once, when the op is loaded.
 
     Example::
 
         @hookimpl
         def describe():
-            return {"description": "y = 2 x", "structural": ["CHUNK"], "ordered_axes": ["N"],
-                    "arg_names": ["x", "out"]}
+            return OpRecord(description="y = 2 x", structural=["CHUNK"], arg_names=["x", "out"],
+                            axes=[Axis("N", int, ordered=True), Axis("dtype", str, values=("float32",))])
     """

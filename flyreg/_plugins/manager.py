@@ -3,101 +3,37 @@
 from __future__ import annotations
 
 import inspect
-import os
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import attrs
 import pluggy
 
-from flyreg._plugins import hookspecs
-from flyreg._search.bench import TIMINGS
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import parse_device
+from flyreg._plugins import hookspecs
+from flyreg._plugins.record import DESCRIBE_KEYS, OpRecord, RecordError, check_spec
 
-#: The keys ``describe()`` may return.
-DESCRIBE_KEYS = frozenset({"description", "version", "structural", "restore_value", "reset_to_zero",
-                           "ordered_axes", "config_dir", "key_env", "arg_names", "timing"})
+__all__ = ["DESCRIBE_KEYS", "HookError", "OpPlugin", "PluginError"]
 
 
 class PluginError(Exception):
     """An op plugin that cannot be used: it failed to load, lacks a hook, or a hook misbehaved."""
 
 
-@attrs.frozen
-class OpDescription:
-    """What an op's ``describe`` hook says, with defaults for what it leaves out."""
+class HookError(PluginError):
+    """A hook raised something other than ValueError or TypeError; the message names the op and the hook
+    (``rmsnorm.build raised KeyError: 'BLOCK'``) and the hook's exception is chained."""
 
-    description: str = ""
-    version: str = "0"
-    structural: tuple[str, ...] | None = None
-    restore_value: tuple[str, ...] = ()
-    reset_to_zero: tuple[str, ...] = ()
-    ordered_axes: tuple[str, ...] = ()
-    config_dir: Path | None = None
-    key_env: tuple[str, ...] = ()
-    arg_names: tuple[str, ...] | None = None
-    timing: str = "steady"
 
-    @classmethod
-    def of(cls, raw: Mapping[str, Any] | None) -> OpDescription:
-        """Check and convert what ``describe()`` returned; raises :class:`PluginError` on anything malformed.
-
-        ``restore_value`` and ``reset_to_zero`` need ``arg_names`` listing every name they give:
-        a name that is not an argument would otherwise never be restored or zeroed, silently.
-        """
-        if raw is None:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise PluginError(f"describe() must return a mapping, got {type(raw).__name__}")
-        unknown = set(raw) - DESCRIBE_KEYS
-        if unknown:
-            raise PluginError(f"describe() returned unknown keys {sorted(map(str, unknown))}; "
-                              f"known: {sorted(DESCRIBE_KEYS)}")
-
-        def names(key: str) -> tuple[str, ...] | None:
-            value = raw.get(key)
-            if value is None:
-                return None
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-                raise PluginError(f"describe()[{key!r}] must be a list of names, got {value!r}")
-            return tuple(value)
-
-        for key in ("description", "version"):
-            value = raw.get(key)
-            if value is not None and not isinstance(value, (str, int)):
-                raise PluginError(f"describe()[{key!r}] must be a string, got {value!r}")
-        config_dir = raw.get("config_dir")
-        if config_dir is not None and not isinstance(config_dir, (str, os.PathLike)):
-            raise PluginError(f"describe()['config_dir'] must be a path, got {config_dir!r}")
-        timing = raw.get("timing", "steady")
-        if timing not in TIMINGS:
-            raise PluginError(f"describe()['timing'] must be one of {list(TIMINGS)}, got {timing!r}")
-        arg_names = names("arg_names")
-        restore_value = names("restore_value") or ()
-        reset_to_zero = names("reset_to_zero") or ()
-        for key, wanted in (("restore_value", restore_value), ("reset_to_zero", reset_to_zero)):
-            missing = [n for n in wanted if n not in (arg_names or ())]
-            if not missing:
-                continue
-            if arg_names is None:
-                raise PluginError(f"describe()[{key!r}] names arguments {missing}, but describe() gives no "
-                                  f"'arg_names' to find them by; add 'arg_names' (the positional argument names, "
-                                  f"in order)")
-            raise PluginError(f"describe()[{key!r}] names arguments {missing} that are not in "
-                              f"describe()['arg_names'] {list(arg_names)}")
-        return cls(
-            description=str(raw.get("description") or ""),
-            version=str(raw.get("version", "0")),
-            structural=names("structural"),
-            restore_value=restore_value,
-            reset_to_zero=reset_to_zero,
-            ordered_axes=names("ordered_axes") or (),
-            config_dir=Path(config_dir) if config_dir is not None else None,
-            key_env=names("key_env") or (),
-            arg_names=arg_names,
-            timing=timing,
-        )
+def _renamed(e: ValueError | TypeError, message: str) -> Exception:
+    """An exception of ``e``'s type (or, where that type cannot take one message, its base) saying ``message``."""
+    try:
+        new = type(e)(message)
+    except Exception:
+        new = None
+    if new is None or str(new) != message:
+        new = (ValueError if isinstance(e, ValueError) else TypeError)(message)
+    return new
 
 
 def _required_params(fn: Callable[..., Any]) -> list[str] | None:
@@ -137,7 +73,12 @@ class OpPlugin:
 
     Construction checks the plugin: each hook's argument names must be among the spec's
     (pluggy's validation), every required hook must be implemented, and ``describe()`` (when
-    implemented) must return known keys of the right types. Any failure is a :class:`PluginError`.
+    implemented) must return a valid :class:`OpRecord` (or a legacy dict of its fields). Any
+    failure is a :class:`PluginError`.
+
+    A hook's ValueError or TypeError (bad input, such as tensors that disagree) reaches the
+    caller as the same type, its message prefixed ``op.hook: ``; anything else it raises
+    becomes a :class:`HookError`, ``op.hook raised Type: message``.
     """
 
     def __init__(self, name: str, obj: object) -> None:
@@ -160,17 +101,38 @@ class OpPlugin:
             hint = f" ({', '.join(unmarked)} not marked with @flyreg.hookimpl)" if unmarked else ""
             raise PluginError(f"op {name!r} lacks required hook(s) {missing}{hint}")
         try:
-            self.description = OpDescription.of(self.pm.hook.describe())
-        except PluginError as e:
-            raise PluginError(f"op {name!r}: {e}") from None
+            self.record = OpRecord.of(self.pm.hook.describe())
+        except RecordError as e:  # raised making the record, in describe() or here from a legacy dict
+            raise PluginError(f"op {name!r}: describe(): {e}") from None
+        except Exception as e:
+            raise HookError(f"{name}.describe raised {type(e).__name__}: {e}") from e
+
+    @property
+    def description(self) -> OpRecord:
+        """The op's record (its former name)."""
+        return self.record
+
+    def check_spec(self, spec: dict[str, Any], device: Any = None, *, stored: bool = False) -> dict[str, JSONScalar]:
+        """``spec`` checked against the op's axes and normalized, axes left out filled from ``device``
+        (default: the CPU); with ``stored``, a spec as stored, which must be complete and normalized already.
+        Raises one :class:`~flyreg._core.keys.SpecError`."""
+        return check_spec(self.name, self.record, spec, None if stored else parse_device(device)[0])
 
     def implements(self, hook: str) -> bool:
         """True when the plugin has a (non-wrapper) implementation of ``hook``."""
         impls = getattr(self.pm.hook, hook).get_hookimpls()
         return any(not (i.hookwrapper or i.wrapper) for i in impls)
 
+    def _call(self, hook: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.pm.hook, hook)(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise _renamed(e, f"{self.name}.{hook}: {e}") from e
+        except Exception as e:
+            raise HookError(f"{self.name}.{hook} raised {type(e).__name__}: {e}") from e
+
     def _required(self, hook: str, **kwargs: Any) -> Any:
-        result = getattr(self.pm.hook, hook)(**kwargs)
+        result = self._call(hook, **kwargs)
         if result is None:
             raise PluginError(f"op {self.name!r}: hook {hook}() returned None")
         return result
@@ -188,7 +150,7 @@ class OpPlugin:
         return self._required("default", spec=spec)
 
     def workloads(self, device: str) -> list[dict[str, JSONScalar]]:
-        return list(self.pm.hook.workloads(device=device) or [])
+        return list(self._call("workloads", device=device) or [])
 
     def make_inputs(self, spec: dict[str, JSONScalar], device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         result = self._required("make_inputs", spec=spec, device=device)

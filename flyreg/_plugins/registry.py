@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -17,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.fileio import warn_once
 from flyreg._plugins.manager import OpPlugin, PluginError
 
 if TYPE_CHECKING:
@@ -58,11 +59,13 @@ class _Entry:
     error: str | None = None
     tuner: Autotuner | None = None
     loaded: bool = False
+    loading: threading.Event | None = None
 
 
-def disabled_ops() -> set[str]:
-    """The ops named in ``FLYREG_DISABLE_OPS`` (comma-separated)."""
-    return {n.strip() for n in os.environ.get("FLYREG_DISABLE_OPS", "").split(",") if n.strip()}
+def plugin_load_timeout() -> float:
+    """Seconds an op plugin may take to import and describe itself before it is marked broken
+    (``FLYREG_PLUGIN_TIMEOUT``, default 30)."""
+    return settings.current().plugin_timeout
 
 
 def _canonical(distribution: str) -> str:
@@ -122,14 +125,42 @@ class Registry:
             return self._entries
 
     def _load(self, entry: _Entry) -> None:
+        """Import and check ``entry``'s plugin in a thread of its own, within the load time limit.
+
+        No lock is held while plugin code runs: other ops load and serve meanwhile. A plugin past
+        the limit is broken ("load timed out"); its thread is left to finish on its own and
+        changes nothing then. ``SystemExit`` from a plugin is recorded like any error.
+        """
         with self._lock:
             if entry.loaded:
                 return
-            entry.loaded = True
-            try:
-                entry.plugin = OpPlugin(entry.name, entry.load())
-            except Exception as e:  # any failure isolates this op only
-                entry.error = str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
+            done = entry.loading
+            if done is None:
+                done = entry.loading = threading.Event()
+                threading.Thread(target=self._load_now, args=(entry, done), daemon=True,
+                                 name=f"flyreg-load-{entry.name}").start()
+        limit = plugin_load_timeout()
+        if not done.wait(limit):
+            with self._lock:
+                if not entry.loaded:
+                    entry.loaded = True
+                    entry.error = (f"load timed out: importing or describing the plugin took longer than "
+                                   f"{limit:g} s (FLYREG_PLUGIN_TIMEOUT)")
+
+    def _load_now(self, entry: _Entry, done: threading.Event) -> None:
+        plugin, error = None, None
+        try:
+            plugin = OpPlugin(entry.name, entry.load())
+        except PluginError as e:
+            error = str(e)
+        except SystemExit as e:
+            error = f"the plugin called sys.exit({e.code!r}) while loading"
+        except Exception as e:  # any failure isolates this op only
+            error = f"{type(e).__name__}: {e}"
+        with self._lock:
+            if not entry.loaded:  # not timed out meanwhile
+                entry.plugin, entry.error, entry.loaded = plugin, error, True
+        done.set()
 
     def register(self, obj: object, name: str, *, distribution: str = IN_PROCESS, version: str = "0") -> None:
         """Register ``obj`` (a module or instance implementing the hooks) as op ``name`` in this process.
@@ -138,16 +169,21 @@ class Registry:
         """
         _check_name(name)
         entries = self._discover()
+        self._check_free(entries, name)
+        entry = _Entry(name, distribution, version, lambda: obj)
+        self._load(entry)  # outside the lock: the load runs plugin code
+        if entry.plugin is None:
+            raise PluginError(entry.error or f"op {name!r} is broken")
         with self._lock:
-            if name in entries:
-                raise ValueError(f"op {name!r} is already registered by {entries[name].distribution}; "
-                                 f"unregister it first")
-            entry = _Entry(name, distribution, version, lambda: obj)
-            self._load(entry)
-            if entry.plugin is None:
-                raise PluginError(entry.error or f"op {name!r} is broken")
+            self._check_free(entries, name)
             _forget_builds(name)  # a previous op of this name may have left launch callables
             entries[name] = entry
+
+    @staticmethod
+    def _check_free(entries: dict[str, _Entry], name: str) -> None:
+        if name in entries:
+            raise ValueError(f"op {name!r} is already registered by {entries[name].distribution}; "
+                             f"unregister it first")
 
     def unregister(self, name: str) -> None:
         """Remove op ``name`` from this process (with its tuner and built launch callables).
@@ -161,6 +197,18 @@ class Registry:
                 raise self._unknown(name)
             del entries[name]
             _forget_builds(name)
+
+    def disabled(self) -> frozenset[str]:
+        """The ops ``FLYREG_DISABLE_OPS`` names; warns once about each set of names no registered op has."""
+        names = settings.current().disable_ops
+        if names:
+            known = self._discover()
+            unknown = sorted(n for n in names if n not in known)
+            if unknown:
+                warn_once(f"flyreg: FLYREG_DISABLE_OPS names no registered op: {', '.join(map(repr, unknown))} "
+                          f"(names are matched exactly; known ops: {', '.join(sorted(known)) or 'none'})",
+                          key=f"disable-unknown:{unknown}")
+        return names
 
     def names(self) -> list[str]:
         """Every registered op name, whatever its status."""
@@ -179,7 +227,7 @@ class Registry:
         entry = self._discover().get(_check_name(name))
         if entry is None:
             raise self._unknown(name)
-        if name in disabled_ops():
+        if name in self.disabled():
             raise OpUnavailableError(f"op {name!r} is disabled by FLYREG_DISABLE_OPS")
         self._load(entry)
         if entry.plugin is None:
@@ -199,7 +247,7 @@ class Registry:
     def infos(self) -> list[OpInfo]:
         """Every registered op with its status; loads each op not disabled."""
         out = []
-        disabled = disabled_ops()
+        disabled = self.disabled()
         for name, entry in sorted(self._discover().items()):
             if name in disabled:
                 out.append(OpInfo(name, entry.distribution, entry.version, "disabled"))
@@ -208,13 +256,13 @@ class Registry:
             if entry.plugin is None:
                 out.append(OpInfo(name, entry.distribution, entry.version, "broken", entry.error))
                 continue
-            d = entry.plugin.description
-            out.append(OpInfo(name, entry.distribution, entry.version, "ok", None, d.description, d.structural))
+            rec = entry.plugin.record
+            out.append(OpInfo(name, entry.distribution, entry.version, "ok", None, rec.description, rec.structural))
         return out
 
 
 def _forget_builds(name: str) -> None:
-    from flyreg._runtime.builder import BUILD_CACHE
+    from flyreg._runtime.builds import BUILD_CACHE
 
     BUILD_CACHE.clear(name)
 
@@ -223,17 +271,17 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
     """Assemble the autotuner of one op from its registered hooks (it uses the shared build cache)."""
     from flyreg._runtime.builder import autotune_builder
 
-    d = plugin.description
+    rec = plugin.record
 
     def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
         return plugin.specialize(args, kwargs)
 
     tuner: Autotuner = autotune_builder(
-        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=d.structural,
-        arg_names=d.arg_names or (), restore_value=d.restore_value, reset_to_zero=d.reset_to_zero,
-        reference=plugin.reference if plugin.implements("reference") else None, key_env=d.key_env,
-        version=d.version, config_dirs=[d.config_dir] if d.config_dir else [], ordered_axes=d.ordered_axes,
-        timing=d.timing,
+        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=rec.structural,
+        arg_names=rec.arg_names or (), restore_value=rec.restore_value, reset_to_zero=rec.reset_to_zero,
+        reference=plugin.reference if plugin.implements("reference") else None, key_env=rec.key_env,
+        version=rec.version, config_dirs=[rec.config_dir] if rec.config_dir else [], ordered_axes=rec.ordered_axes,
+        timing=rec.timing, spec_check=plugin.check_spec if rec.axes else None,
     )
     return tuner
 
@@ -258,7 +306,11 @@ def resolve(name: str, *args: Any, **kwargs: Any) -> Resolution:
 
 
 def resolve_spec(name: str, spec: dict[str, Any], device: Any = None) -> Resolution:
-    """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search."""
+    """The config (and its source) of op ``name`` for ``spec`` on ``device`` (default: the CPU); no tensors, no search.
+
+    A spec that does not fit the op's declared axes raises :class:`~flyreg._core.keys.SpecError`; axes
+    it leaves out that have a device default get the device's value.
+    """
     return REGISTRY.tuner(name).resolve_spec(spec, device)
 
 
@@ -266,9 +318,11 @@ def accepts(name: str, spec: dict[str, JSONScalar], config: Config) -> str | Non
     """Why op ``name`` would not take ``config`` (read from a file) for ``spec``, or None if it would.
 
     Lookup serves a stored config only when it is one of the op's ``configs(spec)`` or its
-    ``default(spec)``, knobs and hints alike. Raises what the op's hooks raise for ``spec``.
+    ``default(spec)``, knobs and hints alike. Raises :class:`~flyreg._core.keys.SpecError` for a spec
+    that is not one the op stores (one that does not fit its declared axes), and what the op's hooks
+    raise for ``spec``.
     """
-    return REGISTRY.tuner(name)._accepts(config, spec)
+    return REGISTRY.tuner(name).space.accepts(config, spec)
 
 
 def ops() -> list[OpInfo]:

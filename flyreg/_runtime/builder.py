@@ -1,17 +1,18 @@
-"""The shared build cache and the one-call constructors ``autotune_builder`` and ``autotune``."""
+"""The one-call constructors of a tuner: ``autotune_builder`` (builder mode) and the ``autotune`` decorator."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import re
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from flyreg._core.config import Config, JSONScalar, typed
+from flyreg._core.config import Config, JSONScalar
+from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
+from flyreg._runtime.tuner import Autotuner
 
-BuildFn = Callable[[Config, dict[str, JSONScalar]], Callable[..., Any]]
+__all__ = ["BUILD_CACHE", "BuildCache", "BuildFn", "autotune", "autotune_builder", "default_op_name"]
 
 #: Runs of characters an op name of a decorated function does not keep (``<locals>`` -> ``_locals_``).
 _NOT_IN_OP_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -29,42 +30,6 @@ def default_op_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or "_"
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     return _NOT_IN_OP_NAME.sub("_", f"{module}.{qualname}")
-
-
-class BuildCache:
-    """Launch callables keyed on (op, build function, structural knobs, spec) only.
-
-    Configs that differ only in compiler hints share one build; the hints reach the
-    backend at launch, where it keeps one binary per hint value. The build function is
-    part of the key, so two ops that happen to share a name never share launches.
-    """
-
-    def __init__(self) -> None:
-        self._built: dict[tuple[Any, ...], Callable[..., Any]] = {}
-        self._lock = threading.Lock()
-        self.builds = 0
-
-    def get(self, op: str, config: Config, spec: dict[str, JSONScalar], structural: tuple[str, ...] | None,
-            build: BuildFn) -> Callable[..., Any]:
-        key = (op, build, typed(config.structural(structural)), typed(tuple(sorted(spec.items()))))
-        launch = self._built.get(key)
-        if launch is None:
-            launch = build(config, dict(spec))
-            if not callable(launch):
-                raise TypeError(f"{op}: build() must return a launch callable, got {type(launch).__name__}")
-            with self._lock:
-                self.builds += 1
-                launch = self._built.setdefault(key, launch)
-        return launch
-
-    def clear(self, op: str | None = None) -> None:
-        with self._lock:
-            for key in [k for k in self._built if op is None or k[0] == op]:
-                del self._built[key]
-
-
-#: The one build cache every tuner shares unless given its own.
-BUILD_CACHE = BuildCache()
 
 
 def autotune_builder(
@@ -88,8 +53,6 @@ def autotune_builder(
         rmsnorm = autotune_builder("my_rmsnorm", build, specialize, configs, default, structural=["BLOCK"])
         y = rmsnorm(x, w)
     """
-    from flyreg._runtime.tuner import Autotuner
-
     return Autotuner(name, build, specialize, configs, default, structural=structural, **options)
 
 
@@ -144,8 +107,6 @@ def autotune(
 
         def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
             return functools.partial(fn, **config.kwargs)
-
-        from flyreg._runtime.tuner import Autotuner
 
         tuner = Autotuner(name if name is not None else default_op_name(fn), build, specialize, configs,
                           (lambda spec: default) if default is not None else None,

@@ -7,41 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
-
-#: Bytes zeroed between reps (read, in steady-state timing) to evict a GPU's L2 (the H200 has 60 MiB). The buffer is taken once
-#: per ``do_bench`` call and dropped when it returns: torch's caching allocator keeps it reserved
-#: for reuse (``torch.cuda.empty_cache()`` returns it), and a process that never searches takes none.
-L2_FLUSH_BYTES = 256 * 1024 * 1024
+from flyreg._core.device_facts import flush_bytes
+from flyreg._core.results import BenchResult
 
 #: How a search times candidates on a GPU: ``steady`` (a CUDA graph of calls over rotating input
 #: copies, :mod:`flyreg._search.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
 #: graph of calls on the call's own inputs). A CPU search always times single calls.
 TIMINGS = ("steady", "flushed", "graph")
-
-
-@attrs.frozen
-class BenchResult:
-    """Per-rep times in milliseconds: ``median`` and the spread around it."""
-
-    median: float
-    p20: float
-    p80: float
-    min: float
-    max: float
-    reps: int
-
-    @classmethod
-    def of(cls, times: list[float]) -> BenchResult:
-        if not times:
-            raise ValueError("times must not be empty")
-        qs = statistics.quantiles(times, n=5, method="inclusive") if len(times) > 1 else [times[0]] * 4
-        return cls(statistics.median(times), qs[0], qs[3], min(times), max(times), len(times))
-
-    @property
-    def spread(self) -> float:
-        """(p80 - p20) / median: the relative spread of the middle reps."""
-        return (self.p80 - self.p20) / self.median if self.median > 0 else 0.0
 
 
 def device_kind(device: Any) -> str:
@@ -131,7 +103,9 @@ def _bench_cpu(fn: Callable[[], Any], warmup: int, rep: int, setup: Callable[[],
 
 def _bench_cuda(torch: Any, dev: Any, fn: Callable[[], Any], warmup: int, rep: int,
                 setup: Callable[[], Any] | None, flush_l2: bool) -> BenchResult:
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=dev) if flush_l2 else None
+    # Taken once per timing and dropped when it returns (torch's caching allocator keeps it reserved
+    # for reuse until ``torch.cuda.empty_cache()``); a process that never times on a GPU takes none.
+    flush = torch.empty(flush_bytes(dev), dtype=torch.int8, device=dev) if flush_l2 else None
     for _ in range(warmup):
         if setup is not None:
             setup()
@@ -165,7 +139,7 @@ def _bench_graph(torch: Any, fn: Callable[[], Any], warmup: int, rep: int,
         for _ in range(inner):
             setup()  # type: ignore[misc]
 
-    from flyreg._search.steady import capture
+    from flyreg._search.graphs import capture
 
     graphs = [capture(body)]
     if setup is not None:

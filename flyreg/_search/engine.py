@@ -2,48 +2,48 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 
-from flyreg._core.fileio import warn_once
-from flyreg._search.bench import BenchResult, device_kind, do_bench, warm_device
-from flyreg._search.steady import (CaptureError, InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
-                     set_count, storages, viewed_bytes)
-from flyreg._search.gate import mismatch
 from flyreg._core.config import Config, JSONScalar
-from flyreg._runtime.launch import Launcher, LaunchSignatureError, arg_name
+from flyreg._core.fileio import warn_once
+from flyreg._core.launch import Launcher, LaunchSignatureError
+from flyreg._core.results import BenchResult, TuneError, TuneReport, TunerStats
+from flyreg._search.bench import device_kind, do_bench, warm_device
+from flyreg._search.binding import Bind, Build, bind_all, compile_threads
+from flyreg._search.gate import mismatch, run_reference
+from flyreg._search.settings import SearchSettings
+from flyreg._search.graphs import CaptureError
+from flyreg._search.steady import (InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
+                                   set_count, storages, viewed_bytes)
 
-if TYPE_CHECKING:
-    from flyreg._core.results import TuneReport
-    from flyreg._runtime.tuner import Autotuner
+__all__ = ["Bind", "Build", "Call", "FINAL_BAND", "FINAL_SCALE", "FINALISTS", "InPlace", "bind_all", "compile_threads",
+           "finalists", "pick_winner", "run_search"]
 
 
-def _tensors(tuner: Autotuner, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
+@attrs.frozen
+class Call:
+    """The call a search runs on: its arguments, by position and keyword and by name, and its device."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    named: dict[str, Any]
+    device: Any
+
+
+def _tensors(op: str, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
     out = {}
     for n in names:
         if n not in named:
-            raise ValueError(f"{tuner.name}: {what} names {n!r}, which is not an argument of this call "
+            raise ValueError(f"{op}: {what} names {n!r}, which is not an argument of this call "
                              f"(arguments: {sorted(named)})")
         if not isinstance(named[n], torch.Tensor):
-            raise TypeError(f"{tuner.name}: {what} names {n!r}, which is {type(named[n]).__name__}, not a tensor")
+            raise TypeError(f"{op}: {what} names {n!r}, which is {type(named[n]).__name__}, not a tensor")
         out[n] = named[n]
     return out
-
-
-def _detach(value: Any) -> Any:
-    """A copy of ``value``'s tensors, so restoring or zeroing the inputs cannot change it."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detach(v) for v in value) if type(value) in (tuple, list) else [_detach(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    return value
 
 
 def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_band: float) -> tuple[Config, float]:
@@ -62,9 +62,10 @@ def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None,
     return near[0][0], near[0][1].median
 
 
-def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, ...], kwargs: dict[str, Any],
-               named: dict[str, Any], device: Any, default: Config | None) -> TuneReport:
-    """Build, check and time every candidate on the call's own inputs; the report names the winner.
+def run_search(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call, candidates: list[Config],
+               default: Config | None, build: Build, bind: Bind, stats: TunerStats) -> TuneReport:
+    """Build, check and time every candidate (and ``default``) on the call's own inputs; the report names
+    the winner. ``stats`` counts the configs benchmarked and the finalists timed again.
 
     The correctness gate (with a reference) compares each candidate's return value with the
     reference's and, for the in-place tensors (``restore_value`` and ``reset_to_zero``), the
@@ -77,26 +78,25 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
     that would reject every correct config whenever the baseline is the wrong one. With no
     reference there is no ground truth, and nothing is rejected as wrong.
     """
-    from flyreg._core.results import TuneError, TuneReport
-
-    cands = tuner._candidates(spec)
+    op, args, kwargs, device = settings.op, call.args, call.kwargs, call.device
+    cands = list(candidates)
     if default is not None and default not in cands:
         cands.insert(0, default)
     if not cands:
-        raise TuneError(f"{tuner.name}: no candidate configs for spec {spec}")
-    restore = _tensors(tuner, tuner.restore_value, named, "restore_value")
-    zeroed = _tensors(tuner, tuner.reset_to_zero, named, "reset_to_zero")
+        raise TuneError(f"{op}: no candidate configs for spec {spec}")
+    restore = _tensors(op, settings.restore_value, call.named, "restore_value")
+    zeroed = _tensors(op, settings.reset_to_zero, call.named, "reset_to_zero")
     snapshot = {n: t.clone() for n, t in restore.items()}
     in_place = InPlace(restore, snapshot, list(zeroed.values()))
     own = InputSet(args, kwargs, {})  # the call's own arguments, as an input set of their own
     ref = None
     expected: dict[str, torch.Tensor] = {}  # in-place tensor -> the state the reference left it in
     written = {**restore, **zeroed}
-    if tuner._reference is not None:
-        ref, expected = _run_reference(tuner, args, kwargs, snapshot, zeroed)
+    if settings.reference is not None:
+        ref, expected = run_reference(settings.reference, settings.arg_names, args, kwargs, snapshot, zeroed)
     failed: list[tuple[Config, str]] = []
     rejected: list[tuple[Config, str]] = []
-    bound = bind_all(tuner, cands, spec, args, kwargs)
+    bound = bind_all(op, cands, build, bind, settings.compile_threads)
     checked: list[tuple[Config, Launcher]] = []
     try:
         for config in cands:
@@ -111,12 +111,11 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                         why = why or mismatch(written[n], want, f"in-place argument {n!r}")
                     if why:
                         rejected.append((config, why))
-                        warn_once(f"flyreg: {tuner.name}: config {config} rejected on spec {spec}: wrong result ({why})")
                         continue
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
             except Exception as e:  # a failing candidate is skipped, never fatal
-                _failed(tuner, spec, config, e, failed)
+                _failed(op, spec, config, e, failed)
                 continue
             checked.append((config, launcher))
         if checked and device is not None:  # right before timing: the checks may have let the clocks drop
@@ -125,17 +124,21 @@ def run_search(tuner: Autotuner, spec: dict[str, JSONScalar], args: tuple[Any, .
                 warm_device(lambda: (in_place.prepare(own, first.pre), first.raw(args, kwargs)), device)
             except Exception:  # that candidate fails again, and is reported, when its turn comes
                 pass
-        timed, final = _time_all(tuner, spec, checked, own, device, in_place, default, failed)
+        timed, final = _time_all(settings, spec, checked, own, device, in_place, default, failed, stats)
     finally:
         in_place.prepare(own, None)  # the real call that follows runs on the true inputs
-    if not timed:
+    if timed:  # some configs are right: each wrong one is worth a warning (else the caller reports them all)
+        for config, why in rejected:
+            warn_once(f"flyreg: {op}: config {config} rejected on spec {spec}: wrong result ({why})")
+    else:
         lines = [f"  {c}: {why}" for c, why in (*failed, *rejected)]
-        raise TuneError(f"{tuner.name}: every config failed on spec {spec}:\n" + "\n".join(lines))
+        raise TuneError(f"{op}: every config failed on spec {spec}:\n" + "\n".join(lines), tuple(failed),
+                        tuple(rejected))
     # After a final round only its times rank: a config outside it kept a shorter, noisier time.
     winner, winner_ms = pick_winner([t for t in timed if t[0] in final] if final else timed, default,
-                                    tuner.tie_band)
+                                    settings.tie_band)
     default_ms = next((r.median for c, r in timed if c == default), None)
-    return TuneReport(tuner.name, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
+    return TuneReport(op, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected))
 
 
 @attrs.frozen
@@ -177,32 +180,34 @@ TimeOne = Callable[[Launcher, int], BenchResult]
 Timed = tuple[list[tuple[Config, BenchResult]], frozenset[Config]]
 
 
-def _time_all(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
+def _time_all(settings: SearchSettings, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
               own: InputSet, device: Any, in_place: InPlace, default: Config | None,
-              failed: list[tuple[Config, str]]) -> Timed:
-    """Time each checked candidate the tuner's way, then the final round. When steady-state timing
+              failed: list[tuple[Config, str]], stats: TunerStats) -> Timed:
+    """Time each checked candidate the settings' way, then the final round. When steady-state timing
     cannot capture a candidate in a CUDA graph, every candidate is timed as single calls after an
     L2 flush instead."""
-    mode = tuner.timing if device is not None and device_kind(device) == "cuda" else "cpu"
+    op = settings.op
+    mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
     if mode == "steady":
         try:
-            return _time_rounds(tuner, spec, checked, _steady_timer(tuner, checked, own, device, in_place),
-                                default, failed)
+            return _time_rounds(op, spec, checked, _steady_timer(settings, checked, own, device, in_place),
+                                default, failed, stats)
         except CaptureError as e:
-            warn_once(f"flyreg: {tuner.name}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
-                      f"calls after an L2 flush instead", key=f"no-steady:{tuner.name}:{sorted(spec.items())}")
+            warn_once(f"flyreg: {op}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
+                      f"calls after an L2 flush instead", key=f"no-steady:{op}:{sorted(spec.items())}")
             mode = "flushed"
 
     def time_one(launcher: Launcher, scale: int) -> BenchResult:
-        return do_bench(lambda: launcher.raw(own.args, own.kwargs), tuner.warmup, tuner.rep * scale,
+        return do_bench(lambda: launcher.raw(own.args, own.kwargs), settings.warmup, settings.rep * scale,
                         setup=lambda: in_place.prepare(own, launcher.pre),
                         device=device if mode != "cpu" else "cpu", cuda_graph=mode == "graph")
 
-    return _time_rounds(tuner, spec, checked, time_one, default, failed)
+    return _time_rounds(op, spec, checked, time_one, default, failed, stats)
 
 
-def _time_rounds(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
-                 time_one: TimeOne, default: Config | None, failed: list[tuple[Config, str]]) -> Timed:
+def _time_rounds(op: str, spec: dict[str, JSONScalar], checked: list[tuple[Config, Launcher]],
+                 time_one: TimeOne, default: Config | None, failed: list[tuple[Config, str]],
+                 stats: TunerStats) -> Timed:
     """Every candidate once, then the finalists again (their final times replace the first).
 
     A :class:`CaptureError` in the first round ends the timing (the caller falls back), and then
@@ -219,7 +224,7 @@ def _time_rounds(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
             raise
         except Exception as e:  # a failing candidate is skipped, never fatal
             errors.append((config, e))
-    tuner.stats.benchmarks += len(timed)
+    stats.benchmarks += len(timed)
     launchers = dict(checked)
     final: set[Config] = set()
     for config in finalists(timed, default):
@@ -231,10 +236,10 @@ def _time_rounds(tuner: Autotuner, spec: dict[str, JSONScalar], checked: list[tu
             del timed[config]
             errors.append((config, e))
             continue
-        tuner.stats.retimed += 1
+        stats.retimed += 1
         final.add(config)
     for config, e in errors:
-        _failed(tuner, spec, config, e, failed)
+        _failed(op, spec, config, e, failed)
     return list(timed.items()), frozenset(final)
 
 
@@ -251,7 +256,7 @@ def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[
     return out if len(out) > 1 else []  # one config alone: nothing to rank
 
 
-def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own: InputSet, device: Any,
+def _steady_timer(settings: SearchSettings, checked: list[tuple[Config, Launcher]], own: InputSet, device: Any,
                   in_place: InPlace) -> TimeOne:
     """Steady-state timing (:mod:`flyreg._search.steady`) on copies of the call's inputs shared by all candidates."""
     args, kwargs = own.args, own.kwargs
@@ -277,83 +282,15 @@ def _steady_timer(tuner: Autotuner, checked: list[tuple[Config, Launcher]], own:
         pre = launcher.pre
         prepare = (lambda s: in_place.prepare(s, pre)) if in_place or pre else None
         if prepare is not None:
-            return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, prepare, scale)
+            return bench_steady(launcher.raw, sets, settings.warmup, settings.rep, prepare, scale)
         if scale not in replay_calls:
             replay_calls[scale] = replay_length(launcher.raw, sets)
-        return bench_steady(launcher.raw, sets, tuner.warmup, tuner.rep, None, scale, replay_calls[scale])
+        return bench_steady(launcher.raw, sets, settings.warmup, settings.rep, None, scale, replay_calls[scale])
 
     return time_one
 
 
-def _failed(tuner: Autotuner, spec: dict[str, JSONScalar], config: Config, e: Exception,
+def _failed(op: str, spec: dict[str, JSONScalar], config: Config, e: Exception,
             failed: list[tuple[Config, str]]) -> None:
     failed.append((config, f"{type(e).__name__}: {e}"))
-    warn_once(f"flyreg: {tuner.name}: config {config} failed on spec {spec}: {type(e).__name__}: {e}")
-
-
-def compile_threads() -> int:
-    """Threads that bind (and so compile) a search's candidates: ``FLYREG_COMPILE_THREADS``, else up to 16."""
-    raw = os.environ.get("FLYREG_COMPILE_THREADS", "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"FLYREG_COMPILE_THREADS must be a positive int, got {raw!r}") from None
-        if n < 1:
-            raise ValueError(f"FLYREG_COMPILE_THREADS must be a positive int, got {raw!r}")
-        return n
-    return min(16, os.cpu_count() or 1)
-
-
-def bind_all(tuner: Autotuner, cands: list[Config], spec: dict[str, JSONScalar], args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> dict[Config, Launcher | Exception]:
-    """Every candidate's bound launcher (or the exception binding it raised), before any is timed.
-
-    Builds run in order on this thread (the build cache counts each structural build once), then
-    the first bind; the other binds, where backends compile, run on a thread pool so their
-    compiles overlap (so ``bind`` must be thread-safe). A
-    :class:`LaunchSignatureError` (the call is wrong, not a config) is raised.
-    """
-    out: dict[Config, Launcher | Exception] = {}
-    for config in cands:
-        try:
-            tuner.build_cache.get(tuner.name, config, spec, tuner.structural, tuner._build)
-        except Exception as e:
-            out[config] = e
-    todo = [c for c in cands if c not in out]
-
-    def bind(config: Config) -> Launcher | Exception:
-        try:
-            return tuner._bind(config, spec, args, kwargs)
-        except LaunchSignatureError:
-            raise
-        except Exception as e:
-            return e
-
-    threads = min(compile_threads(), len(todo))
-    if threads <= 1:
-        out.update((c, bind(c)) for c in todo)
-        return out
-    # The first bind runs here, alone: a backend's first use of a kernel may set up caches unsafely.
-    out[todo[0]] = bind(todo[0])
-    with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{tuner.name}") as pool:
-        out.update(zip(todo[1:], pool.map(bind, todo[1:])))
-    return out
-
-
-def _run_reference(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any], snapshot: dict[str, torch.Tensor],
-                   zeroed: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
-    """The reference's result, and the in-place tensors it changed (name -> their state after it).
-
-    It gets the call's arguments with each in-place tensor swapped for a private copy: a
-    restored one for ``restore_value``, a zeroed one for ``reset_to_zero``.
-    """
-    copies = {n: t.clone() for n, t in snapshot.items()}
-    copies.update({n: torch.zeros_like(t) for n, t in zeroed.items()})
-    before = {n: c.clone() for n, c in copies.items()}
-    names = tuner.arg_names
-    ref_args = tuple(copies.get(arg_name(names, i), a) for i, a in enumerate(args))
-    ref_kwargs = {k: copies.get(k, v) for k, v in kwargs.items()}
-    ref = _detach(tuner._reference(ref_args, ref_kwargs))  # it may return a copy it updated in place
-    changed = {n: c for n, c in copies.items() if not torch.equal(c, before[n])}
-    return ref, changed
+    warn_once(f"flyreg: {op}: config {config} failed on spec {spec}: {type(e).__name__}: {e}")

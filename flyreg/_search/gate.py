@@ -1,11 +1,13 @@
-"""The correctness gate: does a candidate's output match the reference's?"""
+"""The correctness gate: the reference's result, and whether a candidate's output matches it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from flyreg._core.launch import arg_name
 
 #: (rtol, atol) by the output's dtype; outputs are compared in float64 on the output's device.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -55,3 +57,32 @@ def mismatch(out: Any, ref: Any, where: str = "output") -> str | None:
     if isinstance(out, torch.Tensor):
         return f"{where} is a tensor, expected {type(ref).__name__} {ref!r}"
     return None if out == ref else f"{where} is {out!r}, expected {ref!r}"
+
+
+def run_reference(reference: Callable[[tuple[Any, ...], dict[str, Any]], Any], arg_names: Sequence[str],
+                  args: tuple[Any, ...], kwargs: dict[str, Any], snapshot: dict[str, torch.Tensor],
+                  zeroed: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The reference's result, and the in-place tensors it changed (name -> their state after it).
+
+    It gets the call's arguments with each in-place tensor swapped for a private copy: a
+    restored one for ``restore_value``, a zeroed one for ``reset_to_zero``.
+    """
+    copies = {n: t.clone() for n, t in snapshot.items()}
+    copies.update({n: torch.zeros_like(t) for n, t in zeroed.items()})
+    before = {n: c.clone() for n, c in copies.items()}
+    ref_args = tuple(copies.get(arg_name(arg_names, i), a) for i, a in enumerate(args))
+    ref_kwargs = {k: copies.get(k, v) for k, v in kwargs.items()}
+    ref = _detach(reference(ref_args, ref_kwargs))  # it may return a copy it updated in place
+    changed = {n: c for n, c in copies.items() if not torch.equal(c, before[n])}
+    return ref, changed
+
+
+def _detach(value: Any) -> Any:
+    """A copy of ``value``'s tensors, so restoring or zeroing the inputs cannot change it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach(v) for v in value) if type(value) in (tuple, list) else [_detach(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value

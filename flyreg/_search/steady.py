@@ -3,9 +3,9 @@
 A memory-bound kernel timed alone after an L2 flush is not timed as it runs in a model: zeroing a
 flush buffer leaves dirty lines that the timed call writes back, and a call on inputs still in L2
 reads faster than any call in a forward pass. Here the calls of a replay cycle through copies of
-the inputs (together at least :data:`ROTATE_BYTES` where :data:`MAX_SETS` copies reach it, so no
-call of a large shape finds its inputs in L2), the outputs stay alive over the same distance, and
-launch cost is out (one CUDA graph of many calls).
+the inputs (together at least twice the device's L2, :func:`~flyreg._core.device_facts.rotate_bytes`,
+where :data:`MAX_SETS` copies reach it, so no call of a large shape finds its inputs in L2), the
+outputs stay alive over the same distance, and launch cost is out (one CUDA graph of many calls).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import Any
 import attrs
 import torch
 
-from flyreg._search.bench import L2_FLUSH_BYTES, BenchResult
+from flyreg._core.device_facts import flush_bytes, rotate_bytes
+from flyreg._core.results import BenchResult
+from flyreg._search.graphs import capture
 
-#: Bytes of inputs (and of outputs) a replay cycles through before reusing any: twice the H200's
-#: 60 MiB L2, so a reused buffer has left it.
-ROTATE_BYTES = 128 * 1024 * 1024
 #: Most input copies a search makes, and most bytes they take together.
 MAX_SETS = 64
 COPY_BUDGET = 1024 * 1024 * 1024
@@ -43,10 +42,6 @@ def free_bytes(device: Any) -> int:
     """Device memory free to this process: the driver's free memory plus torch's cached, unused blocks."""
     dev = torch.device(device)
     return torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-
-
-class CaptureError(RuntimeError):
-    """The call runs eagerly but cannot be captured in a CUDA graph (it synchronizes, say)."""
 
 
 @attrs.frozen
@@ -121,12 +116,14 @@ def copy_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], budget: int = COP
     return InputSet(new_args, new_kwargs, copies)
 
 
-def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_bytes: int | None = None) -> int:
+def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_bytes: int | None = None,
+              rotate: int | None = None) -> int:
     """Input sets to rotate through (the call's own arguments are one of them).
 
-    Enough that the bytes the call's tensors view (``set_bytes`` a set) exceed
-    :data:`ROTATE_BYTES` together; when each call needs its inputs prepared (restored, zeroed, a
-    pre-hook), as many as fit, since each set then runs once a replay. At most :data:`MAX_SETS`,
+    Enough that the bytes the call's tensors view (``set_bytes`` a set) exceed ``rotate`` bytes
+    together (default: :func:`~flyreg._core.device_facts.rotate_bytes` of the current CUDA device);
+    when each call needs its inputs prepared (restored, zeroed, a pre-hook), as many as fit, since
+    each set then runs once a replay. At most :data:`MAX_SETS`,
     and never more copies than ``budget`` bytes hold, at ``copy_bytes`` a copy (the storages
     copied; default ``set_bytes``).
     """
@@ -134,7 +131,7 @@ def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_by
     if set_bytes <= 0 or copy_bytes <= 0:
         return 1
     fit = 1 + budget // copy_bytes
-    want = MAX_SETS if prepared else math.ceil(ROTATE_BYTES / set_bytes)
+    want = MAX_SETS if prepared else math.ceil((rotate_bytes() if rotate is None else rotate) / set_bytes)
     return max(1, min(want, fit, MAX_SETS))
 
 
@@ -158,12 +155,13 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
               prepare: Callable[[], None] | None = None, out_bytes: int = 0) -> list[float]:
     """Milliseconds per call of ``count`` calls cycling through ``calls``, replayed as one CUDA graph.
 
-    Each call's return value stays alive until :data:`ROTATE_BYTES` of later outputs were allocated
-    (``out_bytes`` each), so outputs rotate like inputs. ``prepare()``, when given, runs before each
-    timed replay, outside it, followed by a read of ``L2_FLUSH_BYTES``; otherwise replays run back
-    to back. Raises :class:`CaptureError` when capture fails.
+    Each call's return value stays alive until :func:`~flyreg._core.device_facts.rotate_bytes` of
+    later outputs were allocated (``out_bytes`` each), so outputs rotate like inputs. ``prepare()``,
+    when given, runs before each timed replay, outside it, followed by a read of
+    :func:`~flyreg._core.device_facts.flush_bytes`; otherwise replays run back to back. Raises
+    :class:`CaptureError` when capture fails.
     """
-    keep = max(1, math.ceil(ROTATE_BYTES / out_bytes)) if out_bytes > 0 else count
+    keep = max(1, math.ceil(rotate_bytes() / out_bytes)) if out_bytes > 0 else count
 
     def body() -> None:
         alive: deque[Any] = deque(maxlen=keep)
@@ -171,7 +169,7 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
             alive.append(calls[i % len(calls)]())
 
     graph = capture(body, prepare)
-    clean = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda") if prepare is not None else None
+    clean = torch.empty(flush_bytes() // 4, dtype=torch.float32, device="cuda") if prepare is not None else None
     sink = torch.empty((), dtype=torch.float32, device="cuda") if clean is not None else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(warmup + rep)]
@@ -184,42 +182,6 @@ def replay_ms(calls: list[Callable[[], Any]], count: int, warmup: int, rep: int,
         end.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / count for s, e in events[warmup:]]
-
-
-def capture(body: Callable[[], Any], prepare: Callable[[], None] | None = None) -> torch.cuda.CUDAGraph:
-    """``body()`` captured as a CUDA graph, after one run on a side stream (as capture requires; its
-    errors are the body's own). ``prepare()``, when given, runs before that run and before capture.
-
-    Raises :class:`CaptureError` when capture fails, leaving torch as a successful capture would:
-    the caller's stream current again, and the random generators out of capture mode (a failed
-    capture never runs their epilogue, and every later random op would fail; a trivial capture runs
-    it).
-    """
-    caller = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(caller)
-    if prepare is not None:
-        prepare()
-    with torch.cuda.stream(side):
-        body()
-    caller.wait_stream(side)
-    if prepare is not None:
-        prepare()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            body()
-    except Exception as e:
-        torch.cuda.set_stream(caller)
-        try:
-            torch.cuda.synchronize()
-            scratch = torch.zeros(1, device="cuda")
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                scratch.add_(1.0)
-        except Exception:  # the caller falls back either way; a broken context shows on its next call
-            pass
-        raise CaptureError(f"{type(e).__name__}: {e}") from e
-    return graph
 
 
 #: Fewest calls of the replay :func:`per_call_ms` times (a whole number of rounds through the sets).

@@ -18,6 +18,15 @@ def _check_row_block(ROW_BLOCK: int) -> None:
         raise ValueError(f"ROW_BLOCK must be a positive int, got {ROW_BLOCK!r}")
 
 
+def _rescale_overflowed(work: torch.Tensor, rstd: torch.Tensor, N: int, eps: float) -> None:
+    """Set ``rstd`` of the rows whose float32 sum of squares overflowed, from the rows scaled by their max."""
+    rows = (rstd == 0).squeeze(1) & torch.isfinite(work).all(dim=1)
+    big = work[rows]
+    amax = big.abs().amax(dim=1, keepdim=True)
+    scaled = big / amax
+    rstd[rows] = torch.rsqrt(scaled.square().sum(dim=1, keepdim=True) / N + eps / (amax * amax)) / amax
+
+
 def _normalize_rows(
     src: torch.Tensor, weight: torch.Tensor, eps: float, y: torch.Tensor, ROW_BLOCK: int,
     residual: torch.Tensor | None = None,
@@ -44,6 +53,8 @@ def _normalize_rows(
         s = scale[:n]
         torch.linalg.vector_norm(work, 2, dim=1, keepdim=True, out=s)
         s.square_().div_(N).add_(eps).rsqrt_()
+        if not bool(s.min() > 0):  # a row's sum of squares overflowed float32 (rare): redo those rows scaled
+            _rescale_overflowed(work, s, N, eps)
         work.mul_(s).mul_(w)
         if buf is not None:
             out.copy_(work)

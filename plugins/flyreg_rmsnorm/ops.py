@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from flyreg import Config, hookimpl
+from flyreg.plugin import Axis, Config, OpRecord, hookimpl
 
 from . import space
 from .checks import check_fused_add, check_rmsnorm
@@ -30,7 +30,19 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-SPEC_AXES = ("M", "N", "backend", "dtype")
+def _backend_on(device: str) -> str:
+    """The backend a call on ``device`` (``"cpu"`` or ``"cuda"``) runs."""
+    return "triton" if device == "cuda" else "cpu"
+
+
+#: The spec axes; M is a row count rounded up to its bucket.
+AXES = (
+    Axis("M", int, ordered=True, values=space.ROW_BUCKETS, buckets=space.row_bucket),
+    Axis("N", int),
+    Axis("backend", str, values=("triton", "cpu"), device_default=_backend_on),
+    Axis("dtype", str, values=GPU_DTYPES),
+)
+SPEC_AXES = tuple(a.name for a in AXES)
 
 
 def _on_triton(spec: dict[str, Any]) -> bool:
@@ -72,7 +84,7 @@ class RMSNormOp:
             facts = check_rmsnorm(a["x"], a["weight"], a["eps"])
         x = a["x"]
         return {"N": facts.N, "dtype": _dtype_name(x), "M": space.row_bucket(facts.M),
-                "backend": "triton" if x.device.type == "cuda" else "cpu"}
+                "backend": _backend_on(x.device.type)}
 
     @hookimpl
     def build(self, config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
@@ -154,16 +166,10 @@ class RMSNormOp:
         return src * norm * a["weight"].double()
 
     @hookimpl
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> OpRecord:
         what = "residual += x in place, then RMSNorm of it" if self.fused else "y = x / rms(x) * weight"
-        return {
-            "description": what,
-            "version": "3",
-            "structural": ["BLOCK_N", "ROWS", "ROW_BLOCK"],
-            "restore_value": ["residual"] if self.fused else [],
-            "ordered_axes": ["M"],
-            "arg_names": list(self.arg_names),
-        }
+        return OpRecord(description=what, version="3", structural=["BLOCK_N", "ROWS", "ROW_BLOCK"],
+                        arg_names=self.arg_names, restore_value=["residual"] if self.fused else [], axes=AXES)
 
 
 rmsnorm = RMSNormOp(fused=False)

@@ -12,7 +12,7 @@ All math is in float32 and rounded once at the end: ``y = (x * rstd) * float(wei
 stored in x's dtype. ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in
 float32, rounded to residual's dtype) into ``residual`` and normalizes that stored,
 rounded value. On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
-dependents (``launch_pdl``, see :func:`pdl_supported`): a launch may start while the kernel before
+dependents (``launch_pdl``, see :func:`flyreg.triton.pdl_supported`): a launch may start while the kernel before
 it drains, and waits for that kernel's writes (``gdc_wait``) before its first load. Every address
 is the base pointer plus one element index, int32 where every index of the launch fits
 (:func:`needs_int64`), int64 otherwise; rows of stride N are indexed with the constexpr N (0.4 to
@@ -28,60 +28,15 @@ on the H200, each call with a weight not yet in L2).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
+from flyreg.triton import compiled_launcher, dependent_start, hints, resolve_pdl
+
 from .checks import check_eps, check_fused_add, check_rmsnorm
-from .launcher import compiled_launcher
-
-try:  # grid dependency control: Triton 3.3 and later
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - an older Triton launches without it
-    gdc_launch_dependents = gdc_wait = None
-
-
-def _interpreted() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``, as Triton reads it)."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None and hasattr(knobs, "runtime"):
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can launch as programmatic dependents: a CUDA device of compute
-    capability 9.0 or later, a compiled (not interpreted) Triton that has ``launch_pdl``."""
-    if device.type != "cuda" or gdc_wait is None or _interpreted():
-        return False
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:  # pragma: no cover - no NVIDIA backend
-        return False
-    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
-    return "launch_pdl" in fields and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _pdl(device: torch.device, pdl: bool | None) -> bool:
-    """The ``pdl=`` argument of a bind resolved: None is :func:`pdl_supported`; True must be supported."""
-    if pdl is None:
-        return pdl_supported(device)
-    if pdl and not pdl_supported(device):
-        raise ValueError(f"pdl=True needs a CUDA device of compute capability 9.0 or later and a compiled Triton "
-                         f"with launch_pdl; got device {device}")
-    return bool(pdl)
-
-
-@triton.jit
-def _dependent_start(PDL: tl.constexpr):
-    # A programmatic dependent waits for the kernel before it (its writes visible), then lets the
-    # next launch start as soon as every program of this one has started.
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit
@@ -91,6 +46,23 @@ def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
     if OFF64:
         pid = pid.to(tl.int64)
     return pid * ROWS + tl.arange(0, ROWS)
+
+
+#: Largest finite float32: a row whose float32 sum of squares exceeds it is normalized by its scaled values.
+F32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _rstd(ss, N: tl.constexpr, eps):
+    return tl.rsqrt(ss / N + eps)
+
+
+@triton.jit
+def _rstd_scaled(ss, amax, ss_scaled, N: tl.constexpr, eps):
+    # rows whose sum of squares overflowed: 1 / (amax * sqrt(sum((x / amax)^2) / N + eps / amax^2));
+    # every other row keeps the plain value bit for bit.
+    big = tl.rsqrt(ss_scaled / N + eps / (amax * amax)) / amax
+    return tl.where(ss > F32_MAX, big, _rstd(ss, N, eps))
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
@@ -105,7 +77,7 @@ def _rmsnorm_kernel(
     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr, MASK_ROWS: tl.constexpr,
     PDL: tl.constexpr, OFF64: tl.constexpr, X_DENSE: tl.constexpr,
 ):
-    _dependent_start(PDL)
+    dependent_start(PDL)
     rows = _rows(ROWS, OFF64)
     row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
     # Element offsets: each address is X + (row offset + column). Dense rows (stride N) multiply by
@@ -119,7 +91,12 @@ def _rmsnorm_kernel(
         x = tl.load(X + (x_row + cols[None, :]), mask=mask, other=0.0).to(tl.float32)
         # In flight with x, not after the sum; evict_last keeps the weight, read by every program, in L2.
         w = tl.load(W + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        ss = tl.sum(x * x, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:  # overflow: rare, off the common path
+            amax = tl.max(tl.abs(x), axis=1)
+            xs = x / amax[:, None]
+            rstd = _rstd_scaled(ss, amax, tl.sum(xs * xs, axis=1), N, eps)
         y = x * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
     else:
@@ -130,7 +107,23 @@ def _rmsnorm_kernel(
             mask = row_mask & (c < N)[None, :]
             x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
+        ss = tl.sum(acc, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:  # overflow: two more passes, only then
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32) / amax[:, None]
+                acc += x * x
+            rstd = _rstd_scaled(ss, amax, tl.sum(acc, axis=1), N, eps)
+        rstd = rstd[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
@@ -147,7 +140,7 @@ def _fused_add_rmsnorm_kernel(
     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr, MASK_ROWS: tl.constexpr,
     PDL: tl.constexpr, OFF64: tl.constexpr, X_DENSE: tl.constexpr, R_DENSE: tl.constexpr,
 ):
-    _dependent_start(PDL)
+    dependent_start(PDL)
     rows = _rows(ROWS, OFF64)
     row_mask = (rows < M)[:, None] if MASK_ROWS else tl.full([ROWS, 1], True, tl.int1)
     x_row = rows[:, None] * (N if X_DENSE else stride_x)
@@ -163,7 +156,12 @@ def _fused_add_rmsnorm_kernel(
         h = (r + x).to(R.dtype.element_ty)
         tl.store(R + (r_row + cols[None, :]), h, mask=mask)
         v = h.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(v * v, axis=1) / N + eps)
+        ss = tl.sum(v * v, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:
+            amax = tl.max(tl.abs(v), axis=1)
+            vs = v / amax[:, None]
+            rstd = _rstd_scaled(ss, amax, tl.sum(vs * vs, axis=1), N, eps)
         y = v * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
     else:
@@ -177,7 +175,26 @@ def _fused_add_rmsnorm_kernel(
             r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             v = (r + x).to(R.dtype.element_ty).to(tl.float32)
             acc += v * v
-        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
+        ss = tl.sum(acc, axis=1)
+        rstd = _rstd(ss, N, eps)
+        if tl.max(ss, axis=0) > F32_MAX:  # overflow: two more read-only passes, only then
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.max(tl.abs((r + x).to(R.dtype.element_ty).to(tl.float32)), axis=1))
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_mask & (c < N)[None, :]
+                x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0).to(tl.float32)
+                v = (r + x).to(R.dtype.element_ty).to(tl.float32) / amax[:, None]
+                acc += v * v
+            rstd = _rstd_scaled(ss, amax, tl.sum(acc, axis=1), N, eps)
+        rstd = rstd[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
@@ -223,15 +240,6 @@ def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int, pdl: bool, x_stride: in
             "PDL": pdl, "OFF64": needs_int64(M, N, BLOCK_N, ROWS, *strides), **dense}
 
 
-def _hints(num_warps: int | None, num_stages: int | None, pdl: bool = False) -> dict[str, int | bool]:
-    hints: dict[str, int | bool] = {"launch_pdl": True} if pdl else {}
-    if num_warps is not None:
-        hints["num_warps"] = num_warps
-    if num_stages is not None:
-        hints["num_stages"] = num_stages
-    return hints
-
-
 def _output_alloc(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """How a bound launcher allocates y for calls shaped like ``x``: contiguous, x's shape and dtype."""
     if x.is_contiguous():
@@ -247,17 +255,17 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
     devices and eps): the checks, the launch arithmetic and the compile run here, once, not on
     every call. The returned launcher takes ``(x, weight, eps)``; another ``eps`` than the bound
     one is checked on that call. ``pdl`` launches as a programmatic dependent (default: where
-    :func:`pdl_supported`)."""
+    :func:`flyreg.triton.pdl_supported`)."""
     M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
-    pdl = _pdl(x.device, pdl)
+    pdl = resolve_pdl(x.device, pdl)
     alloc = _output_alloc(x)
     if M == 0:  # no rows: nothing to launch
         return lambda x, weight, eps=eps_f: alloc(x)
     probe = torch.empty(1, dtype=x.dtype, device=x.device)  # stands in for y: fresh, so aligned like every y
     launch = compiled_launcher(_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, x_stride, eps_f),
                                _constexprs(M, N, BLOCK_N, ROWS, pdl, x_stride),
-                               _hints(num_warps, num_stages, pdl), x.device)
+                               hints(num_warps, num_stages, pdl), x.device)
 
     def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
@@ -273,7 +281,7 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     """:func:`fused_add_rmsnorm_triton` specialized to calls like this one, checked and compiled once."""
     M, N, x_stride, r_stride, eps_f = check_fused_add(x, residual, weight, eps)
     _check_knobs(BLOCK_N, ROWS)
-    pdl = _pdl(x.device, pdl)
+    pdl = resolve_pdl(x.device, pdl)
     alloc = _output_alloc(x)
     if M == 0:
         return lambda x, residual, weight, eps=eps_f: alloc(x)
@@ -281,7 +289,7 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     launch = compiled_launcher(_fused_add_rmsnorm_kernel, ((M + ROWS - 1) // ROWS,),
                                (x, residual, weight, probe, M, x_stride, r_stride, eps_f),
                                _constexprs(M, N, BLOCK_N, ROWS, pdl, x_stride, r_stride),
-                               _hints(num_warps, num_stages, pdl), x.device)
+                               hints(num_warps, num_stages, pdl), x.device)
 
     def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)

@@ -142,21 +142,41 @@ def _render_table(title: str | None, header: list[str], rows: list[list[str]], r
     return lines
 
 
+def _unfolded(raw_rows: list[list[str]]) -> list[list[str]]:
+    """Body rows with each cell that rich folded over several lines joined back: with a space where
+    the line was cut at one (the fragment falls short of the column), else without (a long word)."""
+    rows: list[list[str]] = []
+    for raw in raw_rows:
+        cells = [c.strip() for c in raw]
+        if rows and not cells[0]:
+            rows[-1] = [f"{done}{' ' if short else ''}{more}" if more else done
+                        for done, more, short in zip(rows[-1], cells, last_short)]
+        else:
+            rows.append(cells)
+        last_short = [len(c.rstrip()) < len(c) - 1 for c in raw]
+    return rows
+
+
 def _table(lines: list[str], replace: Callable[[str], str]) -> list[str]:
     """One rich table (its title line first, if any), with ``replace`` applied to the title and every cell,
-    and the timing columns masked, laid out again."""
+    and the timing columns masked, laid out again. A table with folded cells is shown as rich folded
+    it, unless that changes a cell: it is then shown unfolded, one line a row."""
     title = lines[0].strip() if not lines[0].startswith("┏") else None
     box = lines[1:] if title is not None else lines
     if len(box) < 4 or not (box[1].startswith("┃") and box[2].startswith("┡") and box[-1].startswith("└")):
         raise ValueError(f"not a rich table as expected: {lines[:3]}")
-    raw_rows = [_cells(box[1], "┃"), *(_cells(line, "│") for line in box[3:-1])]
-    right = [any(c[1:-1].startswith(" ") and c.strip() for c in column) for column in zip(*raw_rows)]
-    header, *rows = [[c.strip() for c in row] for row in raw_rows]
-    if _render_table(title, header, rows, right) != [line.rstrip() for line in lines]:
+    raw_rows = [_cells(line, "│") for line in box[3:-1]]
+    raw_header = _cells(box[1], "┃")
+    right = [any(c[1:-1].startswith(" ") and c.strip() for c in column) for column in zip(raw_header, *raw_rows)]
+    header, physical = [c.strip() for c in raw_header], [[c.strip() for c in row] for row in raw_rows]
+    if _render_table(title, header, physical, right) != [line.rstrip() for line in lines]:
         raise AssertionError("rich draws tables differently now: update _render_table\n" + "\n".join(lines))
     masks = [MASKED_COLUMNS.get(h) for h in header]
-    rows = [[m if m and c else replace(c) for c, m in zip(row, masks)] for row in rows]
-    return _render_table(replace(title) if title is not None else None, header, rows, right)
+    rows = _unfolded(raw_rows)
+    changed = [[m if m and c else replace(c) for c, m in zip(row, masks)] for row in rows]
+    if len(rows) < len(physical) and changed == rows:
+        changed = physical
+    return _render_table(replace(title) if title is not None else None, header, changed, right)
 
 
 def normalize(text: str, replace: Callable[[str], str]) -> list[str]:

@@ -222,8 +222,9 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     assert "is a file" in one_line_error(out_file, 2)
     assert "cannot create" in one_line_error(out_under_file, 2)
     assert "--spec needs the OP" in one_line_error(spec_no_op, 2)
-    line = one_line_error(incomplete, 1)  # nothing cached, no artifact, and the default cannot work it out
-    assert "rmsnorm: no config for spec N=1024" in line and "M, N, backend, dtype" in line
+    line = one_line_error(incomplete, 2)  # M stands for its buckets, backend is the CPU's: dtype is missing
+    assert "rmsnorm: spec {'N': 1024} does not fit the op's axes: missing dtype." in line
+    assert "dtype (str, one of bfloat16|float16|float32)" in line
     assert not list(cmd.dirs["cache"].iterdir())  # the typo created no cache file nor lock
 
 
@@ -360,15 +361,17 @@ def test_check_good_and_bad_dirs(cmd: Flyreg, tuned: Any, tmp_path: Path) -> Non
 
 # -- cache ---------------------------------------------------------------------------------------------------
 def test_cache_path_and_clear(cmd: Flyreg, tuned: Any) -> None:
-    path_all, path_op = cmd.many([["cache", "path"], ["cache", "path", "rmsnorm"]])
-    assert path_all.stdout == f"{cmd.dirs['cache']}\n"
-    assert path_op.stdout == f"{cmd.dirs['cache'] / 'rmsnorm.json'}\n"
-    assert (cmd.dirs["cache"] / "rmsnorm.json").is_file()  # the tune filled the scratch cache
+    database = cmd.dirs["cache"] / "flyreg-cache.sqlite3"
+    (path_all,) = cmd.many([["cache", "path"]])
+    assert path_all.stdout == f"{database}\n"
+    assert database.is_file()  # the tune filled the scratch cache
     one = cmd.run("cache", "clear", "rmsnorm")
-    assert (one.returncode, one.stdout) == (0, f"removed 1 cache file(s) from {cmd.dirs['cache']}\n")
-    assert not (cmd.dirs["cache"] / "rmsnorm.json").exists()
+    assert one.returncode == 0 and one.stdout.startswith("removed ") and one.stdout.endswith(f" from {database}\n")
+    assert int(one.stdout.split()[1]) >= 1
+    again = cmd.run("cache", "clear", "rmsnorm")
+    assert again.stdout == f"removed 0 cache entries from {database}\n"
     everything = cmd.run("cache", "clear")
-    assert everything.returncode == 0 and everything.stdout.startswith("removed 0 cache file(s)")
+    assert everything.returncode == 0 and everything.stdout.startswith("removed ")
 
 
 # -- interruption --------------------------------------------------------------------------------------------
@@ -440,7 +443,82 @@ def test_show_names_only_an_artifact_the_runtime_would_serve_and_clear_keeps_use
     notes.write_text('{"mine": true}', encoding="utf-8")
     one = run.run("cache", "clear", "notes")
     everything = run.run("cache", "clear")
-    assert one.returncode == 0 and one.stdout.startswith("removed 0 cache file(s)")
-    assert "is not a flyreg cache file; left it in place" in one.stderr
-    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache file(s)")
-    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]  # lock files may stay
+    assert one.returncode == 2 and "unknown op 'notes'" in one.stderr  # a file's name does not make an op
+    assert everything.returncode == 0 and everything.stdout.startswith("removed 1 cache entry")
+    assert sorted(p.name for p in run.dirs["cache"].glob("*.json")) == ["notes.json"]
+
+
+# -- plugins that end or hang the process while loading ---------------------------------------------------
+def test_a_plugin_that_exits_at_import_never_makes_check_or_list_pass(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "exiting-ops", "[flyreg.ops]\nexiting = exiting_ops\n",
+                             {"exiting_ops/__init__.py": "import os\nos._exit(0)\n"})
+    run = Flyreg(tmp_path / "run", {"exiting-ops": site})
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rmsnorm,M=256,N=4096,backend=cpu,dtype=float32,device=x.json").write_text('{"schema": 1, "op": "rms')
+    check, listed = run.many([["check", str(bad)], ["list"]])
+    for proc in (check, listed):
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "ended before it finished" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_plugin_that_hangs_at_import_is_listed_as_broken(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "hanging-ops", "[flyreg.ops]\nhanging = hanging_ops\n",
+                             {"hanging_ops/__init__.py": "import threading\nthreading.Event().wait()\n"})
+    run = Flyreg(tmp_path / "run", {"hanging-ops": site}, FLYREG_PLUGIN_TIMEOUT="1")
+    start = time.monotonic()
+    listed = run.run("list", "--json")
+    assert time.monotonic() - start < 60
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["op"]: r for r in json.loads(listed.stdout)["ops"]}
+    assert rows["hanging"]["status"] == "broken" and "load timed out" in rows["hanging"]["error"]
+    assert rows["rmsnorm"]["status"] == "ok"
+
+
+# -- specs checked against the op's declared axes ----------------------------------------------------------
+def test_show_a_spec_without_its_bucketed_axis_prints_a_row_per_bucket(tmp_path: Path) -> None:
+    from flyreg_rmsnorm import space
+
+    run = Flyreg(tmp_path / "run")
+    as_table, as_json, wrong, ill_typed = run.many([
+        ["show", "rmsnorm", "--spec", "N=8192,dtype=bfloat16", "--device", "cpu"],
+        ["show", "rmsnorm", "--spec", "N=8192,dtype=bfloat16", "--device", "cpu", "--json"],
+        ["show", "rmsnorm", "--spec", "N=8192,dtyp=bfloat16,backend=tpu", "--device", "cpu"],
+        ["show", "rmsnorm", "--spec", "M=many,N=8192,dtype=bfloat16", "--device", "cpu"],
+    ])
+    specs = [{"M": m, "N": 8192, "backend": "cpu", "dtype": "bfloat16"} for m in space.ROW_BUCKETS]
+    assert as_table.returncode == 0, as_table.stderr
+    rows = table_rows(as_table.stdout)
+    assert [r[0] for r in rows] == [f"M={m},N=8192,backend=cpu,dtype=bfloat16" for m in space.ROW_BUCKETS]
+    assert [r[2] for r in rows] == ["default"] * len(specs)
+    assert as_json.returncode == 0, as_json.stderr
+    shown = json.loads(as_json.stdout)
+    assert [r["spec"] for r in shown] == specs
+    assert [r["config"] for r in shown] == [space.cpu_default(s).to_json() for s in specs]
+
+    line = one_line_error(wrong, 2)  # every problem at once, with the axes and values the op allows
+    assert line.startswith("flyreg: error: rmsnorm: spec {'N': 8192, 'dtyp': 'bfloat16', 'backend': 'tpu'} "
+                           "does not fit the op's axes: missing dtype; unknown axis dtyp (did you mean dtype?); "
+                           "backend: tpu is not one of triton|cpu. Axes: M (int, ordered, buckets 1|32|256|4096|32768)")
+    assert "dtype (str, one of bfloat16|float16|float32)" in line
+    assert "M: 'many' is not of type int" in one_line_error(ill_typed, 2)
+
+
+def test_check_reports_an_artifact_whose_spec_does_not_fit_the_axes(tmp_path: Path) -> None:
+    from flyreg._artifacts.store import emit_artifact
+    from flyreg._core.keys import identity_of
+    from flyreg._plugins.registry import REGISTRY
+    from flyreg_rmsnorm import space
+
+    good = {"M": 32, "N": 1024, "backend": "cpu", "dtype": "float32"}
+    version = REGISTRY.plugin("rmsnorm").record.version
+    arts = tmp_path / "arts"
+    for spec in (good, {**good, "N": "1024"}, {**good, "M": 300}):
+        emit_artifact("rmsnorm", spec, identity_of(None), space.cpu_default(good), version, 1.0, 2.0, arts)
+    proc = Flyreg(tmp_path / "run").run("check", str(arts))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stdout.splitlines() if ": error: " in line]
+    assert len(errors) == 2, proc.stdout
+    assert any(",N=1024-" in e and "N: '1024' is not of type int" in e for e in errors)  # a string, hashed in its name
+    assert any(",M=300," in e and "M: 300 is not normalized (the op makes it 4096)" in e for e in errors)
+    assert "checked 3 artifact(s) in 1 dir(s): 2 problem(s)" in proc.stdout

@@ -22,10 +22,12 @@ in bash. stdout and stderr are shown interleaved, as a terminal shows them.
 
 What varies from run to run or machine to machine is normalized, and the page shows:
 
-- ``/tmp/flyreg-demo`` for the session's directory;
+- ``/tmp/flyreg-demo`` for the session's directory, and ``<flyreg>/offline_configs`` for the
+  artifacts shipped inside the installed flyreg;
 - ``CPU_NAME`` and ``cpu-ARCH`` for this machine's device name and architecture;
 - ``<winner>``, ``<time>`` and ``<speedup>`` in the tune summary's timing columns, the table
-  laid out again for the new widths (rich's titles are centred again too);
+  laid out again for the new widths (rich's titles are centred again too; a table whose folded
+  cells change is shown unfolded, one line a row);
 - ``-:--:--`` for the progress bar's elapsed and remaining times, ``<seconds>`` for a tune's
   wall time, ``<date>`` for a timestamp and ``.corrupt-<time>`` for a moved-aside file's suffix;
 - no trailing spaces, and no blank lines at the end of an output.
@@ -51,12 +53,13 @@ import pytest
 
 from cli_harness import BROKEN_ENTRY_POINTS, CommandServer, command_env, fake_distribution
 from doc_examples import Example, examples, normalize, rewrite
-from flyreg._artifacts.store import artifact_filename
+from flyreg._artifacts.store import artifact_filename, shipped_config_dir
 from flyreg._core.keys import DeviceIdentity, identity_of
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGEN = os.environ.get("FLYREG_REGEN_DOCS") == "1"
 SHOWN_DIR = "/tmp/flyreg-demo"
+SHOWN_SHIPPED = "<flyreg>/offline_configs"
 FAKE_DISTRIBUTIONS = {"broken-ops": BROKEN_ENTRY_POINTS}
 ATTEMPTS = 3  # an interrupted example runs again (at most this often) when SIGINT landed past the next job
 
@@ -67,7 +70,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or shutil.which("bash") 
 def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
     """The substitutions of the module docstring, for a session in ``demo`` on device ``ident``."""
     name = re.escape(ident.name)
+    shipped = shipped_config_dir()
     rules = [
+        *([(re.escape(str(shipped)), SHOWN_SHIPPED)] if shipped is not None else []),
         (re.escape(str(demo)), SHOWN_DIR),
         (re.escape(ident.arch), "cpu-ARCH"),
         (rf"(?<=device_name=){name}(?![\w-])|{name}(?= \(cpu-ARCH\)|, cpu-ARCH)|(?<=\"name\": \"){name}(?=\")",

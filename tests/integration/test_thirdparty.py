@@ -154,7 +154,14 @@ def test_served_offline_by_name_in_a_fresh_process(site: Path, first_process: An
         torch.testing.assert_close(flyreg.op("scale")(x, out), x * 2.0)
         by_spec = flyreg.resolve_spec("rowsum", {"M": 64, "N": 512, "dtype": "float32"})
         near = flyreg.resolve_spec("rowsum", {"M": 100, "N": 512, "dtype": "float32"})
+        rows = flyreg.resolve_spec("scale", {"M": 200, "N": 64, "dtype": "float32"})  # M is rounded up to 256
+        try:
+            flyreg.resolve_spec("scale", {"M": 256, "N": 64, "dtyp": "float32"})
+            typo = None
+        except flyreg.SpecError as e:
+            typo = str(e)
         print(json.dumps({
+            "rows": [rows.spec, rows.config.to_json()], "typo": typo,
             "scale": [by_call.source, by_call.config.to_json(), by_call.path, flyreg.op("scale").stats.searches],
             "rowsum": [by_spec.source, by_spec.config.to_json(), by_spec.path],
             "near": [near.source, near.nearest, near.config.to_json()],
@@ -166,6 +173,9 @@ def test_served_offline_by_name_in_a_fresh_process(site: Path, first_process: An
     assert served["rowsum"] == ["offline", rowsum_config,
                                 str(dirs["configs"] / artifact_filename("rowsum", ROWSUM_SPEC, device))]
     assert served["near"] == ["offline", True, rowsum_config]
+    assert served["rows"] == [SCALE_SPEC, scale_config]
+    assert served["typo"].startswith("scale: spec {'M': 256, 'N': 64, 'dtyp': 'float32'} does not fit the op's axes: "
+                                     "missing dtype; unknown axis dtyp (did you mean dtype?). Axes: ")
 
 
 def test_nothing_in_flyreg_special_cases_it() -> None:

@@ -21,7 +21,7 @@ from flyreg._plugins.registry import REGISTRY
 shipped = offline.shipped_config_dir()
 spec = json.loads(sys.argv[1])
 tuner = REGISTRY.tuner("rmsnorm")
-hit = tuner.offline.lookup(spec, DeviceIdentity("NVIDIA_H200", "sm_90"), accepts=lambda c: tuner._accepts(c, spec))
+hit = tuner.offline.lookup(spec, DeviceIdentity("NVIDIA_H200", "sm_90"), accepts=tuner.space.accepts)
 print(json.dumps({"flyreg": offline.__file__, "shipped": str(shipped), "path": str(hit.path) if hit else None,
                   "config": repr(hit.config) if hit else None}))
 """

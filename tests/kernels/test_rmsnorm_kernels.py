@@ -23,6 +23,7 @@ from flyreg_rmsnorm import cpu, space
 
 try:
     from flyreg_rmsnorm import triton_kernels
+    from flyreg.triton import pdl_supported
 except ImportError:  # triton not installed
     triton_kernels = None
 
@@ -553,12 +554,12 @@ def test_int64_and_int32_indexing_agree(monkeypatch: pytest.MonkeyPatch, config:
     (False, (9, 0), True), (False, (10, 0), True), (False, (8, 0), False), (True, (9, 0), False)])
 def test_dependent_launch_only_compiled_on_hopper_and_later(monkeypatch: pytest.MonkeyPatch, interpreted: bool,
                                                              capability: tuple[int, int], want: bool) -> None:
-    tk = triton_kernels
-    assert tk is not None
-    monkeypatch.setattr(tk, "_interpreted", lambda: interpreted)
+    import flyreg.triton as ft
+
+    monkeypatch.setattr(ft, "interpreted", lambda: interpreted)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert tk.pdl_supported(torch.device("cuda")) is want
-    assert not tk.pdl_supported(torch.device("cpu"))
+    assert ft.pdl_supported(torch.device("cuda")) is want
+    assert not ft.pdl_supported(torch.device("cpu"))
 
 
 @needs_triton
@@ -566,7 +567,7 @@ def test_pdl_true_where_unsupported_is_a_value_error() -> None:
     assert triton_kernels is not None
     device = _triton_backend().device
     x, w = randn((2, 64), torch.float32, 91, device), randn((64,), torch.float32, 92, device)
-    if not triton_kernels.pdl_supported(x.device):  # always so in the interpreter
+    if not pdl_supported(x.device):  # always so in the interpreter
         with pytest.raises(ValueError, match="pdl=True needs"):
             triton_kernels.bind_rmsnorm(x, w, BLOCK_N=64, ROWS=1, pdl=True)
         with pytest.raises(ValueError, match="pdl=True needs"):
@@ -586,7 +587,7 @@ def test_gpu_dependent_launches_read_what_the_kernel_before_wrote(pdl: bool, M: 
     """A chain in one CUDA graph, each kernel reading the one before's output (residual and y):
     with dependent launches every kernel still sees all of the previous one's writes."""
     assert triton_kernels is not None
-    if pdl and not triton_kernels.pdl_supported(torch.device("cuda")):
+    if pdl and not pdl_supported(torch.device("cuda")):
         pytest.skip("no programmatic dependent launch on this GPU")
     tk, kw = triton_kernels, {**config.kwargs, **config.hints, "pdl": pdl}
     x, r = randn((M, N), torch.bfloat16, 81, "cuda"), randn((M, N), torch.bfloat16, 82, "cuda")
@@ -619,3 +620,32 @@ def test_gpu_dependent_launches_read_what_the_kernel_before_wrote(pdl: bool, M: 
     torch.cuda.synchronize()
     assert rel_err(r, want_r) <= TOL[torch.bfloat16]
     assert rel_err(out, want_y.double()) <= 2 * TOL[torch.bfloat16]
+
+
+# ---- rows whose float32 sum of squares overflows -----------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N, block_n", [(48, 64), (48, 16)])  # one pass over the row, and chunks
+def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype,
+                                                                  N: int, block_n: int) -> None:
+    M = 5
+    x = randn((M, N), torch.float32, seed=11)
+    x[0] *= 1e20  # x^2 overflows float32 (and so does the sum)
+    x[1] *= 3e37  # near the top of the range
+    x[3] *= 1e-20  # tiny, in the same tile as the huge rows: keeps its plain value
+    x = x.to(dtype).to(backend.device)
+    w = randn((N,), torch.float32, seed=12).to(dtype).to(backend.device)
+    residual = torch.zeros_like(x)
+    configs = [c for c in backend.configs({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": 8})
+               if c.kwargs.get("BLOCK_N", block_n) == block_n] or [backend.default(spec_of(x))]
+    for config in configs[:3]:
+        y = backend.call(backend.rmsnorm, config, x, w, 1e-6)
+        ref = ref_rmsnorm(x, w, 1e-6)
+        assert torch.isfinite(ref).all() and ref.abs().max() > 0
+        for i in range(M):  # each row on its own: a tiny row must not hide in a huge row's error
+            assert rel_err(y[i], ref[i]) < TOL[dtype], (config, i)
+        r = residual.clone()
+        fused = backend.call(backend.fused, config, x, r, w, 1e-6)
+        for i in range(M):
+            assert rel_err(fused[i], ref[i]) < TOL[dtype], (config, i)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flyreg
-from flyreg._runtime.launch import bind_launcher
+from flyreg._core.launch import bind_launcher
 from flyreg._plugins.registry import REGISTRY
 
 
@@ -54,11 +54,17 @@ def test_bad_input_is_a_clear_error_through_the_op() -> None:
         flyreg.op("rmsnorm")(x.to(torch.int32), torch.randn(8))
 
 
-def test_incomplete_spec_names_the_missing_axes() -> None:
-    with pytest.raises(ValueError, match=r"lacks axes \['backend'\]"):
-        flyreg.resolve_spec("rmsnorm", {"M": 32, "N": 1024, "dtype": "float32"})
-    with pytest.raises(ValueError, match="'backend' must be"):
-        flyreg.resolve_spec("rmsnorm", {"M": 32, "N": 1024, "dtype": "float32", "backend": "tpu"})
+def test_backend_comes_from_the_device_and_a_bad_spec_is_one_error() -> None:
+    spec = {"M": 32, "N": 1024, "dtype": "float32"}
+    assert REGISTRY.plugin("rmsnorm").record.ordered_axes == ("M",)  # nearest lookup along M only, as before
+    assert flyreg.resolve_spec("rmsnorm", spec).spec == {**spec, "backend": "cpu"}
+    assert flyreg.resolve_spec("rmsnorm", {**spec, "M": 20}).spec["M"] == 32  # M is rounded up to its bucket
+    with pytest.raises(flyreg.SpecError, match=r"backend: tpu is not one of triton\|cpu; dtype: int8 is not "
+                                               r"one of bfloat16\|float16\|float32\. Axes: M \(int, ordered"):
+        flyreg.resolve_spec("rmsnorm", {**spec, "dtype": "int8", "backend": "tpu"})
+    # the hooks themselves still check a spec handed to them directly, and say whose error it is
+    with pytest.raises(ValueError, match=r"^rmsnorm\.default: RMSNorm spec .* lacks axes \['backend'\]"):
+        REGISTRY.plugin("rmsnorm").default(spec)
 
 
 def _triton_ok() -> bool:
@@ -90,7 +96,7 @@ def test_triton_launch_binds_once_per_call_signature(op: str, monkeypatch: pytes
     for name in ("check_rmsnorm", "check_fused_add"):
         real = getattr(triton_kernels, name)
         monkeypatch.setattr(triton_kernels, name, lambda *a, _real=real, **k: checks.append(1) or _real(*a, **k))
-    launcher = bind_launcher(op, launch, config, args, {"eps": 1e-5}, plugin.description.arg_names or (), ())
+    launcher = bind_launcher(op, launch, config, args, {"eps": 1e-5}, plugin.record.arg_names or (), ())
     assert len(checks) == 1
     for _ in range(3):
         fresh = tuple(a.clone() for a in args)
@@ -108,7 +114,7 @@ def test_triton_backend_through_a_tuner_with_every_eps_form(op: str, monkeypatch
     by keyword and by default, each against the float64 reference; fused add updates residual once."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     plugin = REGISTRY.plugin(op)
-    d = plugin.description
+    d = plugin.record
     tuner = flyreg.autotune_builder(
         f"{op}_triton_test", plugin.build, lambda *a, **k: {**plugin.specialize(a, k), "backend": "triton"},
         plugin.configs, plugin.default, structural=d.structural, arg_names=d.arg_names,

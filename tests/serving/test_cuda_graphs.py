@@ -1,7 +1,7 @@
 """Calls made while a CUDA graph is being captured: a new key is served from the scratch cache, an
 offline artifact or the default, never searched; a resolved key just launches.
 
-On the CPU the capture state is the one thing faked (``flyreg._runtime.tuner.capturing``); the kernels, the
+On the CPU the capture state is the one thing faked (``flyreg._runtime.resolution.capturing``); the kernels, the
 lookups and the counters are real. The ``gpu`` tests capture real graphs and replay them.
 """
 
@@ -19,7 +19,7 @@ from flyreg import Config, FlyregWarning
 from flyreg._core import fileio as _fileio
 from flyreg._artifacts import cache
 from flyreg._artifacts import store as offline
-from flyreg._runtime import tuner as tuner_mod
+from flyreg._runtime import resolution
 from flyreg._runtime.builder import BuildCache
 from flyreg._core.keys import identity_of
 from flyreg._artifacts.store import emit_artifact
@@ -75,7 +75,7 @@ def in_capture(monkeypatch: pytest.MonkeyPatch, probe: Probe) -> Probe:
         probe.queries += 1
         return True
 
-    monkeypatch.setattr(tuner_mod, "capturing", fake)
+    monkeypatch.setattr(resolution, "capturing", fake)
     return probe
 
 
@@ -123,10 +123,10 @@ def test_miss_in_capture_serves_the_default_without_a_search(
 
 def test_capture_serves_the_scratch_cache_then_an_offline_artifact(probe: Probe, monkeypatch: pytest.MonkeyPatch) -> None:
     x, out = xy()
-    monkeypatch.setattr(tuner_mod, "capturing", lambda device: False)
+    monkeypatch.setattr(resolution, "capturing", lambda device: False)
     searched = double_op("cap_sources", Probe(), default=None)
     report = searched.tune(x, out, emit=False)  # outside capture: a real search fills the scratch cache
-    monkeypatch.setattr(tuner_mod, "capturing", lambda device: True)
+    monkeypatch.setattr(resolution, "capturing", lambda device: True)
 
     fresh = double_op("cap_sources", probe)
     with pytest.warns(FlyregWarning, match="serving the cache config"):
@@ -158,7 +158,7 @@ def test_no_default_and_nothing_cached_raises_naming_op_and_spec(
         tuner(x, out)
     assert tuner.stats.searches == 0 and tuner.stats.benchmarks == 0 and in_capture.launches == []
     # Nothing was remembered: outside capture the same call searches, as FLYREG_AUTOTUNE asks.
-    monkeypatch.setattr(tuner_mod, "capturing", lambda device: False)
+    monkeypatch.setattr(resolution, "capturing", lambda device: False)
     assert torch.equal(tuner(x, out), x * 2)
     assert tuner.stats.searches == 1 and tuner.resolve(x, out).origin == "search"
 
@@ -173,12 +173,12 @@ def test_emit_mode_does_not_search_during_capture(in_capture: Probe, isolated_di
 
 def test_a_resolved_key_never_asks_about_capture(monkeypatch: pytest.MonkeyPatch, probe: Probe) -> None:
     asked: list[Any] = []
-    monkeypatch.setattr(tuner_mod, "capturing", lambda device: asked.append(device) or False)
+    monkeypatch.setattr(resolution, "capturing", lambda device: asked.append(device) or False)
     tuner = double_op("cap_hot", probe)
     x, out = xy()
     tuner(x, out)
     assert asked == [torch.device("cpu")]
-    monkeypatch.setattr(tuner_mod, "capturing", lambda device: pytest.fail("asked on a resolved key"))
+    monkeypatch.setattr(resolution, "capturing", lambda device: pytest.fail("asked on a resolved key"))
     for _ in range(3):
         tuner(x, out)
     big = torch.randn(64, 16)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from flyreg._core.device_facts import flush_bytes
 from flyreg import BenchResult, do_bench
 from flyreg._search import bench as bench_mod
 
@@ -126,7 +127,7 @@ def test_l2_flush_buffer_is_taken_once_per_timing_and_not_kept() -> None:
             zeroed.append(1)
 
     def empty(nbytes: int, dtype: Any, device: Any) -> Buffer:
-        assert nbytes == bench_mod.L2_FLUSH_BYTES
+        assert nbytes == flush_bytes("cuda:0")
         buf = Buffer()
         made.append(weakref.ref(buf))
         return buf

@@ -11,7 +11,7 @@ import torch
 import flyreg
 from flyreg import Config
 from flyreg._runtime.builder import BuildCache
-from flyreg._runtime.launch import LaunchSignatureError
+from flyreg._core.launch import LaunchSignatureError
 
 from cpu_kernels import FAST, chunked_double, double_op, inputs
 

@@ -12,7 +12,7 @@ import torch
 import flyreg
 from flyreg import Config
 from flyreg._artifacts import cache
-from flyreg._core import keys
+from flyreg._core import keys, toolchain
 from flyreg._runtime.builder import BuildCache
 from flyreg._core.keys import DeviceIdentity, cache_key, env_values, identity_of, normalize_spec, stride_pattern, tensor_axes
 
@@ -85,11 +85,18 @@ def test_device_identity_changes_the_key(x: torch.Tensor) -> None:
 
 def test_toolchain_and_op_version_change_the_key(x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
     base = key_of({"x": x})
+    triton = key_of({"x": x}, {"n": 64, "backend": "triton"})
     assert key_of({"x": x}, version="2") != base
-    real = keys.toolchain()
-    assert ("flyreg", flyreg.__version__) in real
-    monkeypatch.setattr(keys, "toolchain", lambda: (*real[:-1], (real[-1][0], real[-1][1] + "+other")))
+    real = dict(toolchain.toolchain())
+    assert real["flyreg"] == flyreg.__version__
+
+    def machine(**parts: str) -> None:
+        monkeypatch.setattr(toolchain, "toolchain", lambda: tuple({**real, **parts}.items()))
+
+    machine(torch=real["torch"] + "+other")  # what a spec with no backend axis depends on
     assert key_of({"x": x}) != base
+    machine(triton="99.0", flyreg="99.0")  # installing Triton, or another flyreg, keeps a torch op's entries
+    assert key_of({"x": x}) == base and key_of({"x": x}, {"n": 64, "backend": "triton"}) != triton
 
 
 def test_declared_env_var_changes_the_key(x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:

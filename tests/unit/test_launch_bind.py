@@ -89,12 +89,13 @@ def test_search_binds_every_candidate_before_timing_any_on_a_thread_pool(monkeyp
 
 
 @pytest.mark.parametrize("raw", ["0", "-2", "many"])
-def test_compile_threads_must_be_a_positive_int(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+def test_a_bad_compile_thread_count_warns_and_the_default_binds(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from flyreg._core.settings import default_compile_threads
     from flyreg._search.engine import compile_threads
 
     monkeypatch.setenv("FLYREG_COMPILE_THREADS", raw)
-    with pytest.raises(ValueError, match="FLYREG_COMPILE_THREADS must be a positive int"):
-        compile_threads()
+    with pytest.warns(flyreg.FlyregWarning, match=f"FLYREG_COMPILE_THREADS={raw!r}: expected an int >= 1"):
+        assert compile_threads() == default_compile_threads()
 
 
 def test_bind_must_return_a_callable() -> None:

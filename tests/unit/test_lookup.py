@@ -71,7 +71,7 @@ def test_lookup_order(isolated_dirs: dict[str, Path]) -> None:
     narrow.tune(x, out, emit=False)
     tuner, _ = double_op(name, default=DEFAULT)
     res = tuner.resolve(x, out)
-    assert (res.source, res.config, res.path) == ("cache", cached_cfg, str(cache.cache_file(name)))
+    assert (res.source, res.config, res.path) == ("cache", cached_cfg, str(cache.database()))
 
     cache.clear(name)
     path.unlink()
@@ -95,11 +95,8 @@ def test_forced_autotune_searches_and_rewrites(monkeypatch: pytest.MonkeyPatch,
     assert load_artifact(artifacts[0]).config == report.winner
 
     # Plant a stale result in both places; a forced search in a fresh tuner must overwrite them.
-    path = cache.cache_file(name)
-    data = json.loads(path.read_text())
-    (key,) = data["entries"]
-    data["entries"][key].update(time_ms=-1.0, config=Config({"CHUNK": 999}).to_json())
-    path.write_text(json.dumps(data))
+    ((key, stored),) = cache.load(name).items()
+    cache.store(name, key, {**stored, "time_ms": -1.0, "config": Config({"CHUNK": 999}).to_json()})
     art = json.loads(artifacts[0].read_text())
     art["config"] = Config({"CHUNK": 999}).to_json()
     artifacts[0].write_text(json.dumps(art))
@@ -233,7 +230,7 @@ def test_lists_of_tensors_are_keyed_by_layout_not_repr() -> None:
     assert torch.equal(tuner([big], out), big * 2)
     assert [s["n"] for s in built_for] == [1000, 2000]  # the second call got the launch built for its spec
     tuner([torch.ones(2000, 8)], out)  # another list of the same layout: the same key
-    assert len(tuner._bound) == 2 and built_for[-1]["n"] == 2000
+    assert tuner.bound_count() == 2 and built_for[-1]["n"] == 2000
 
 
 @pytest.mark.parametrize("flags", [(1, True, 1.0), (True, 1, 1.0), (1.0, 1, True)])
@@ -246,7 +243,7 @@ def test_equal_scalars_of_other_types_are_other_keys(flags: tuple[Any, ...]) -> 
             assert type(built_for[-1]["flag"]) is type(flag)
         tuner(x, torch.empty_like(x), flag=flag)
         assert type(built_for[-1]["flag"]) is type(flag)
-    assert [s["flag"] for s in built_for[::3]] == list(flags) and len(tuner._bound) == 6
+    assert [s["flag"] for s in built_for[::3]] == list(flags) and tuner.bound_count() == 6
 
 
 def test_ever_new_scalars_keep_the_bound_table_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,10 +255,9 @@ def test_ever_new_scalars_keep_the_bound_table_bounded(monkeypatch: pytest.Monke
     for i in range(30):  # a new scalar value on every call: a new key each time
         out = torch.empty_like(x)
         assert torch.equal(tuner(x, out, float(i)), x * 2)
-        assert len(tuner._bound) <= 8
-    assert len(tuner._bound) == 8
-    first = tuner._fast_key((x, torch.empty_like(x), 0.0), {})
-    assert first not in tuner._bound  # the oldest went first
+        assert tuner.bound_count() <= 8
+    assert tuner.bound_count() == 8
+    assert not tuner.is_bound(x, torch.empty_like(x), 0.0)  # the oldest went first
     assert torch.equal(tuner(x, torch.empty_like(x), 0.0), x * 2)  # and is bound again when called again
     assert tuner.stats.searches == 0
 
@@ -279,7 +275,7 @@ def test_unhashable_arguments_are_resolved_but_not_remembered() -> None:
     for scale in (2.0, 3.0, 2.0):
         out = torch.empty_like(x)
         assert torch.equal(tuner(x, out, {"scale": scale}), x * scale)
-    assert tuner._bound == {} and tuner.resolve(x, out, {"scale": 2.0}).source == "memory"
+    assert tuner.bound_count() == 0 and tuner.resolve(x, out, {"scale": 2.0}).source == "memory"
 
 
 # -- emission --------------------------------------------------------------------------------------

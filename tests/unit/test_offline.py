@@ -26,7 +26,8 @@ from flyreg._core import fileio as _fileio
 from flyreg._artifacts import store as offline
 from flyreg._runtime.builder import BuildCache
 from flyreg._core.keys import DeviceIdentity, identity_of
-from flyreg._artifacts.store import OfflineStore, artifact_filename, canonical_spec, emit_artifact, parse_filename
+from flyreg._artifacts.lookup import OfflineStore
+from flyreg._artifacts.store import artifact_filename, canonical_spec, emit_artifact, parse_filename
 from flyreg._artifacts.validate import check_artifacts
 
 OP = "chunk_sum"
@@ -113,7 +114,7 @@ def test_emit_then_fresh_tuner_serves_artifact_without_benchmarks(
     assert data["op"] == OP and data["spec"] == SPEC and data["device"] == CPU.to_json()
     assert Config.from_json(data["config"]) == report.winner
     prov = data["provenance"]
-    assert data["schema"] == offline.SCHEMA and prov["toolchain"] == flyreg._core.keys.fingerprint("0")
+    assert data["schema"] == offline.SCHEMA and prov["toolchain"] == flyreg._core.toolchain.fingerprint("0")
     assert prov["time_ms"] == report.winner_ms and prov["default_ms"] == report.default_ms
     assert prov["date"] and (prov["default_ms"] is None or prov["default_ms"] > prov["time_ms"])
 
@@ -170,7 +171,7 @@ def test_tuple_spec_values_are_rejected_not_collided(isolated_dirs: dict[str, Pa
     with pytest.raises(TypeError, match="JSON scalar"):
         write_artifact(isolated_dirs["configs"], DEFAULT, {"shape": (4096,)})
     with pytest.raises(TypeError, match="JSON scalar"):
-        OfflineStore(OP, [], (), "0").lookup({"shape": [4096]}, CPU, lambda c: None)
+        OfflineStore(OP, [], (), "0").lookup({"shape": [4096]}, CPU, lambda c, s: None)
     assert os.listdir(isolated_dirs["configs"]) == []
 
 
@@ -378,10 +379,14 @@ def test_directories_are_listed_once_per_process(isolated_dirs: dict[str, Path],
             make_tuner(config_dirs=[plugin], ordered_axes=["N"]).resolve_spec({"N": n, "dtype": dtype})
     assert sorted(calls) == sorted(f"listdir {d}" for d in dirs)  # each lookup dir once, nothing else
     first = len(calls)
-    # an emission updates the listing it wrote into, without listing the directory again
+    # an emission updates the listing it wrote into; the directory is listed once more, by the first
+    # write into it in this process (which removes killed writers' temp files), and never again
     path = write_artifact(isolated_dirs["configs"], Config({"CHUNK": 4096}))
     res = make_tuner(config_dirs=[plugin]).resolve_spec(SPEC)
-    assert (res.source, res.path) == ("offline", str(path)) and len(calls) == first
+    assert (res.source, res.path) == ("offline", str(path))
+    assert calls[first:] == [f"listdir {isolated_dirs['configs']}"]
+    write_artifact(isolated_dirs["configs"], Config({"CHUNK": 1024}))
+    assert len(calls) == first + 1
 
 
 # -- device matching -----------------------------------------------------------------------------------
@@ -414,7 +419,7 @@ def test_never_across_architectures(isolated_dirs: dict[str, Path]) -> None:
         near = make_tuner(ordered_axes=["N"]).resolve_spec({"N": 2048, "dtype": "float32"})
     assert res.source == near.source == "default"
     with pytest.warns(FlyregWarning, match="same arch"):
-        hit = OfflineStore(OP, [], (), "0").lookup(SPEC, DeviceIdentity("NVIDIA_H100", "sm_90"), lambda c: None)
+        hit = OfflineStore(OP, [], (), "0").lookup(SPEC, DeviceIdentity("NVIDIA_H100", "sm_90"), lambda c, s: None)
     assert hit is not None and hit.config == Config({"CHUNK": 4096})  # while an sm_90 sibling is served
 
 
@@ -490,7 +495,7 @@ DEVICE_NAMES = st.sampled_from([CPU.name, "Other_CPU", "NVIDIA_H200", "Intel Xeo
 def _valid(config: int, n: Any, dtype: Any, op: str, device: dict[str, str], toolchain: bool) -> dict[str, Any]:
     return {"schema": 1, "op": op, "spec": {"N": n, "dtype": dtype}, "device": device,
             "config": {"kwargs": {"CHUNK": config}, "hints": {}},
-            "provenance": {"toolchain": flyreg._core.keys.fingerprint("0") if toolchain else {"torch": "0"}}}
+            "provenance": {"toolchain": flyreg._core.toolchain.fingerprint("0") if toolchain else {"torch": "0"}}}
 
 
 
@@ -596,17 +601,17 @@ def test_emitted_specs_find_themselves_and_only_themselves(op: str, spec: dict[s
     path = emit_artifact(op, spec, CPU, Config({"CHUNK": 256}), "0", None, None, configs)
     assert path.resolve().parent == configs.resolve() and SAFE_NAME.fullmatch(path.name)
     store = OfflineStore(op, [], (), "0")
-    hit = store.lookup(spec, CPU, lambda c: None)
+    hit = store.lookup(spec, CPU, lambda c, s: None)
     assert hit is not None and hit.path == path and hit.config == Config({"CHUNK": 256})
     json_round_trip = json.loads(json.dumps(spec))
-    assert store.lookup(json_round_trip, CPU, lambda c: None) == hit
+    assert store.lookup(json_round_trip, CPU, lambda c, s: None) == hit
     other = {**spec, **other}
     same = json.dumps(canonical_spec(other), sort_keys=True) == json.dumps(canonical_spec(spec), sort_keys=True)
     event("other spec is the same" if same else "other spec differs")
     assert (artifact_filename(op, other, CPU.name) == path.name) == same
     with warnings.catch_warnings():
         warnings.simplefilter("error", FlyregWarning)
-        assert (store.lookup(other, CPU, lambda c: None) == hit) == same
+        assert (store.lookup(other, CPU, lambda c, s: None) == hit) == same
 
 
 def test_non_regular_and_misnamed_files_warn(isolated_dirs: dict[str, Path]) -> None:

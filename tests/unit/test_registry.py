@@ -13,6 +13,8 @@ import importlib.metadata
 import json
 import sys
 import textwrap
+import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -306,8 +308,8 @@ BROKEN = [
     (WrongArgNames, r"hook build\(cfg, spec\) takes \['cfg'\], which the hook build\(config, spec\) does not pass"),
     (UnknownHook, r"unknown hook 'buidl'"),
     (BadDescribeKeys, r"unknown keys \['structual'\]"),
-    (BadDescribeTypes, r"describe\(\)\['structural'\] must be a list of names"),
-    (BadDescribeTiming, r"describe\(\)\['timing'\] must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
+    (BadDescribeTypes, r"op 'bad': describe\(\): structural must be a list of names, got 'ROWS'"),
+    (BadDescribeTiming, r"describe\(\): timing must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
 ]
 
 
@@ -611,12 +613,12 @@ def test_every_tuner_shares_one_build_cache(use_registry: Callable[..., Registry
     # Keyed on (op, structural knobs, spec): hints do not rebuild, another knob or op or spec does.
     tuner = flyreg.op("rowscale")
     spec = tuner.resolve(x, s, out).spec
-    launch = BUILD_CACHE.get("rowscale", Config({"ROWS": 16}, num_warps=8), spec, tuner.structural, tuner._build)
+    launch = BUILD_CACHE.get("rowscale", Config({"ROWS": 16}, num_warps=8), spec, tuner.structural, tuner.build)
     assert plugin.calls["build"] == 1
     assert launch(x, s, out, num_warps=8) is out
-    BUILD_CACHE.get("rowscale", Config({"ROWS": 1}), spec, tuner.structural, tuner._build)
-    BUILD_CACHE.get("rowscale", Config({"ROWS": 16}), {**spec, "M": 1}, tuner.structural, tuner._build)
-    BUILD_CACHE.get("not-rowscale", Config({"ROWS": 16}), spec, tuner.structural, tuner._build)
+    BUILD_CACHE.get("rowscale", Config({"ROWS": 1}), spec, tuner.structural, tuner.build)
+    BUILD_CACHE.get("rowscale", Config({"ROWS": 16}), {**spec, "M": 1}, tuner.structural, tuner.build)
+    BUILD_CACHE.get("not-rowscale", Config({"ROWS": 16}), spec, tuner.structural, tuner.build)
     assert plugin.calls["build"] == 4
 
 
@@ -636,7 +638,7 @@ def test_optional_hooks_through_the_facade(empty_registry: Registry) -> None:
     flyreg.register(WithoutOptional(), name="bare")
     bare_plugin = registry.REGISTRY.plugin("bare")
     assert bare_plugin.workloads("cpu") == [] and not bare_plugin.implements("reference")
-    assert flyreg.op("bare")._reference is None
+    assert flyreg.op("bare").settings.reference is None
     with pytest.raises(PluginError, match=r"make_inputs\(\) returned None"):
         bare_plugin.make_inputs({"N": 1}, "cpu")
 
@@ -688,10 +690,9 @@ class RestoreNotAnArgument(RowScale):
 
 
 @pytest.mark.parametrize(("cls", "message"), [
-    (ResetWithoutArgNames, r"describe\(\)\['reset_to_zero'\] names arguments \['out'\], but describe\(\) gives no "
-                           r"'arg_names'"),
-    (RestoreNotAnArgument, r"describe\(\)\['restore_value'\] names arguments \['acc', 'res'\] that are not in "
-                           r"describe\(\)\['arg_names'\] \['x', 's', 'out'\]"),
+    (ResetWithoutArgNames, r"describe\(\): reset_to_zero names arguments \['out'\], but no arg_names are given"),
+    (RestoreNotAnArgument, r"describe\(\): restore_value names arguments \['acc', 'res'\] that are not in "
+                           r"arg_names \['x', 's', 'out'\]"),
 ])
 def test_restore_and_reset_names_must_be_arguments(use_registry: Callable[..., Registry], cls: type,
                                                    message: str) -> None:
@@ -715,9 +716,9 @@ def test_in_tree_and_thirdparty_plugins_pass_the_check(monkeypatch: pytest.Monke
     plugins = [("rmsnorm", rms.rmsnorm), ("fused_add_rmsnorm", rms.fused_add_rmsnorm),
                *((n, importlib.import_module(f"flyreg_scale.{n}")) for n in ("scale", "rowsum"))]
     for name, obj in plugins:
-        d = OpPlugin(name, obj).description
+        d = OpPlugin(name, obj).record
         assert set(d.restore_value) | set(d.reset_to_zero) <= set(d.arg_names or ())
-    assert OpPlugin("fused", rms.fused_add_rmsnorm).description.restore_value == ("residual",)
+    assert OpPlugin("fused", rms.fused_add_rmsnorm).record.restore_value == ("residual",)
 
 
 # -- flyreg tune's view of an existing artifact ----------------------------------------------------------
@@ -778,3 +779,38 @@ def test_a_retune_moves_a_malformed_artifact_aside(empty_registry: Registry, tmp
     # a well-formed artifact is simply replaced by a re-tune
     tuner.tune(x, s, out, out_dir=tmp_path)
     assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
+
+
+# -- plugins that hang or exit while loading --------------------------------------------------------------
+def _hang() -> Any:
+    threading.Event().wait()  # never returns
+
+
+def _exit_at_import() -> Any:
+    sys.exit(3)
+
+
+def test_a_plugin_that_hangs_at_load_times_out_and_others_keep_working(
+        use_registry: Callable[..., Registry], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYREG_PLUGIN_TIMEOUT", "0.5")
+    reg = use_registry(ep("hangs", _hang), ep("double", RowScale()))
+    stuck = threading.Thread(target=lambda: reg.names() and reg.infos(), daemon=True)
+    stuck.start()  # another thread is blocked on the hanging load meanwhile
+    start = time.monotonic()
+    assert reg.plugin("double").name == "double"  # not blocked by the hanging load in the other thread
+    assert time.monotonic() - start < 0.4
+    infos = {i.name: i for i in reg.infos()}
+    assert time.monotonic() - start < 5
+    assert infos["hangs"].status == "broken" and "load timed out" in (infos["hangs"].error or "")
+    assert infos["double"].status == "ok"
+    with pytest.raises(OpUnavailableError, match="load timed out"):
+        reg.plugin("hangs")
+    stuck.join(timeout=5)
+    assert not stuck.is_alive()
+
+
+def test_a_plugin_that_calls_sys_exit_at_import_is_broken_not_fatal(use_registry: Callable[..., Registry]) -> None:
+    reg = use_registry(ep("exits", _exit_at_import), ep("double", RowScale()))
+    infos = {i.name: i for i in reg.infos()}
+    assert infos["exits"].status == "broken" and "sys.exit(3)" in (infos["exits"].error or "")
+    assert infos["double"].status == "ok"

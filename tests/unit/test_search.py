@@ -493,6 +493,33 @@ def test_search_writes_a_complete_cache_entry() -> None:
     tuner, _ = double_op("entry_op", default=None)
     x, out = inputs()
     report = tuner.tune(x, out, emit=False)
-    (entry,) = json.loads(cache.cache_file("entry_op").read_text())["entries"].values()
+    (entry,) = cache.load("entry_op").values()
     assert Config.from_json(entry["config"]) == report.winner
     assert entry["spec"] == {"n": 256} and entry["time_ms"] == report.winner_ms
+
+
+def test_every_config_failing_the_gate_serves_the_default_and_tune_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data the reference disagrees with for every config (say, an overflow only the reference survives):
+    a serving call falls back to the default with one warning; tune() raises it as that spec's failure."""
+    monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
+    tuner, _ = double_op("gate_all", default=Config({"CHUNK": 16}), reference=lambda args, kwargs: args[0] * 3)
+    x, out = inputs(rows=64)
+    with pytest.warns(FlyregWarning, match="every config of spec .* failed the correctness gate") as record:
+        y = tuner(x, out)
+    assert torch.equal(y, x * 2)  # what the default computes
+    assert [str(w.message) for w in record if "gate_all" in str(w.message)] == [
+        str(w.message) for w in record if "correctness gate on this call's data" in str(w.message)]  # one warning
+    assert len(record) == 1
+    assert tuner.resolve(x, out).origin == "default"
+    assert cache.load("gate_all") == {}  # a data-dependent fallback is stored nowhere
+    fresh, _ = double_op("gate_all2", default=Config({"CHUNK": 16}), reference=lambda args, kwargs: args[0] * 3)
+    with pytest.raises(TuneError, match="every config failed") as info:
+        fresh.tune(x, out, emit=False)
+    assert len(info.value.rejected) == 3 and not info.value.failed
+
+
+def test_every_config_failing_the_gate_without_a_default_still_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuner, _ = double_op("gate_nodefault", default=None, reference=lambda args, kwargs: args[0] * 3)
+    x, out = inputs(rows=64)
+    with pytest.raises(TuneError, match="every config failed"):
+        tuner(x, out)

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flyreg._core.device_facts import rotate_bytes
 from flyreg._search import steady
 from flyreg._search.engine import InPlace
 
@@ -81,10 +82,11 @@ def test_storages_counts_each_storage_once() -> None:
 @settings(max_examples=200, deadline=None)
 @given(set_bytes=st.integers(0, 1 << 34), prepared=st.booleans(), budget=st.integers(0, 1 << 32))
 def test_set_count_bounds(set_bytes: int, prepared: bool, budget: int) -> None:
-    n = steady.set_count(set_bytes, prepared, budget)
+    rotate = 128 << 20
+    n = steady.set_count(set_bytes, prepared, budget, rotate=rotate)
     assert 1 <= n <= steady.MAX_SETS
     assert (n - 1) * set_bytes <= budget  # the copies fit the budget (the call's own set is free)
-    want = steady.MAX_SETS if prepared or not set_bytes else -(-steady.ROTATE_BYTES // set_bytes)
+    want = steady.MAX_SETS if prepared or not set_bytes else -(-rotate // set_bytes)
     if set_bytes and n < min(want, steady.MAX_SETS):
         assert n == 1 + budget // set_bytes  # short of what it wants only for want of budget
 
@@ -93,7 +95,7 @@ def test_set_count_rotates_by_bytes_viewed_and_fits_the_copies_in_the_budget() -
     mb = 1 << 20
     # a 4 MiB slice of a 900 MiB storage: rotated as 4 MiB a set, but only one copy fits 1 GiB
     assert steady.set_count(4 * mb, prepared=False, copy_bytes=900 * mb) == 2
-    assert steady.set_count(4 * mb, prepared=False, copy_bytes=4 * mb) == steady.ROTATE_BYTES // (4 * mb)
+    assert steady.set_count(4 * mb, prepared=False, copy_bytes=4 * mb, rotate=128 * mb) == 32
 
 
 def test_viewed_bytes_counts_elements_not_storages() -> None:
@@ -105,8 +107,10 @@ def test_viewed_bytes_counts_elements_not_storages() -> None:
 
 def test_set_count_rotates_past_the_l2() -> None:
     mb = 1 << 20
-    assert steady.set_count(8 * mb, prepared=False) == steady.ROTATE_BYTES // (8 * mb)
-    assert steady.set_count(steady.ROTATE_BYTES, prepared=False) == 1
+    rotate = rotate_bytes()  # of the current device; assumed off CUDA
+    assert steady.set_count(8 * mb, prepared=False) == rotate // (8 * mb)
+    assert steady.set_count(rotate, prepared=False) == 1
+    assert steady.set_count(8 * mb, prepared=False, rotate=256 * mb) == 32
     assert steady.set_count(512, prepared=False) == steady.MAX_SETS
     assert steady.set_count(8 * mb, prepared=True) == steady.MAX_SETS  # each set runs once a replay
     assert steady.set_count(600 * mb, prepared=True) == 2

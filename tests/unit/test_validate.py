@@ -14,7 +14,8 @@ import flyreg
 import flyreg._plugins.registry
 from flyreg import Config
 from flyreg._runtime.builder import BuildCache
-from flyreg._core.keys import DeviceIdentity, fingerprint, identity_of
+from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._core.toolchain import fingerprint
 from flyreg._artifacts.store import artifact_filename, emit_artifact
 from flyreg._artifacts.validate import Problem, check_artifacts
 
@@ -177,7 +178,7 @@ def tuner_accepts(op: str, spec: dict[str, Any], config: Config) -> str | None:
     assert op == OP
     tuner = flyreg.autotune_builder(OP, build, specialize, [Config({"CHUNK": c}) for c in (8, 128, 2048)],
                                     lambda spec: Config({"CHUNK": 8}), build_cache=BuildCache())
-    return tuner._accepts(config, spec)
+    return tuner.space.accepts(config, spec)
 
 
 @pytest.mark.parametrize("config, words", [
@@ -232,7 +233,7 @@ def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
 def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> None:
     # The rest of the toolchain is the H200's (CI's torch differs); the op's version is the kernels'.
     shipped = Path(__file__).resolve().parents[2] / "offline_configs"
-    current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).description.version for op in ("rmsnorm", "fused_add_rmsnorm")}
+    current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).record.version for op in ("rmsnorm", "fused_add_rmsnorm")}
     behind = []
     for path in sorted(shipped.glob("*.json")):
         art = json.loads(path.read_text())

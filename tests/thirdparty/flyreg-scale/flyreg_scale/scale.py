@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from flyreg import Config, hookimpl
+from flyreg.plugin import Axis, Config, OpRecord, hookimpl
 
 from ._common import bucket, dtype_name
 
@@ -17,7 +17,7 @@ ROWS = (1, 8, 64, 512)
 @hookimpl
 def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     x = args[0]
-    return {"M": bucket(x.shape[0]), "N": x.shape[1], "dtype": dtype_name(x)}
+    return {"M": x.shape[0], "N": x.shape[1], "dtype": dtype_name(x)}  # the record rounds M up to its bucket
 
 
 @hookimpl
@@ -59,6 +59,8 @@ def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
 
 
 @hookimpl
-def describe() -> dict[str, Any]:
-    return {"description": "out = x * alpha, ROWS rows per step", "version": "1", "structural": ["ROWS"],
-            "ordered_axes": ["M"], "arg_names": ["x", "out"]}
+def describe() -> OpRecord:
+    return OpRecord(description="out = x * alpha, ROWS rows per step", version="1", structural=["ROWS"],
+                    arg_names=["x", "out"],
+                    axes=[Axis("M", int, ordered=True, buckets=bucket), Axis("N", int),
+                          Axis("dtype", str, values=("float32", "float64"))])

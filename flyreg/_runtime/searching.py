@@ -1,0 +1,54 @@
+"""The last source of the chain: search a call's configs, then store the winner."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import attrs
+
+from flyreg._artifacts import cache
+from flyreg._artifacts.store import emit_artifact, emit_dir
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.fileio import warn_once
+from flyreg._core.keys import DeviceIdentity, env_values
+from flyreg._core.results import Resolution
+from flyreg._core.toolchain import fingerprint
+from flyreg._runtime.state import TunerState
+from flyreg._search.engine import Call, run_search
+
+
+def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity, pkey: str, call: Call, *,
+           emit: bool, out_dir: str | os.PathLike[str] | None = None) -> tuple[Resolution, OSError | None]:
+    """Search, store the winner in the scratch cache and, with ``emit``, write its artifact.
+
+    Returns the resolution and the error of a failed artifact write (None when written or not asked);
+    the report lands in ``tuner.reports[pkey]``.
+    """
+    tuner.stats.searches += 1
+    default = tuner.space.default(spec)
+
+    def build(config: Config) -> object:
+        return tuner.build_cache.get(tuner.name, config, spec, tuner.structural, tuner.build)
+
+    report = run_search(tuner.settings, spec, call, tuner.space.candidates(spec), default, build,
+                        lambda config: tuner.bind(config, spec, call.args, call.kwargs), tuner.stats)
+    entry = {"spec": spec, "device": ident.to_json(), "toolchain": fingerprint(tuner.version),
+             "env": dict(env_values(tuner.key_env)), "config": report.winner.to_json(),
+             "time_ms": report.winner_ms, "default_ms": report.default_ms,
+             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        cache.store(tuner.name, pkey, entry)
+    except OSError as e:
+        warn_once(f"flyreg: {tuner.name}: could not write the scratch cache: {e}")
+    artifact, error = None, None
+    if emit:
+        try:
+            artifact = str(emit_artifact(tuner.name, spec, ident, report.winner, tuner.version,
+                                         report.winner_ms, report.default_ms, out_dir))
+        except OSError as e:
+            where = out_dir if out_dir is not None else emit_dir()
+            error = OSError(f"could not write the artifact of spec {spec} into {os.fspath(where)!r}: "
+                            f"{type(e).__name__}: {e}")
+            error.__cause__ = e
+    tuner.reports[pkey] = attrs.evolve(report, artifact=artifact)
+    return Resolution(report.winner, "search", spec, "search", path=artifact), error

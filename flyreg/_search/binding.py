@@ -1,0 +1,59 @@
+"""Binding a search's candidates before any is timed: builds in order, binds on a thread pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from flyreg._core.config import Config
+from flyreg._core.launch import Launcher, LaunchSignatureError
+
+#: ``build(config)``: build (or take from the build cache) the launch callable of ``config`` for the spec.
+Build = Callable[[Config], Any]
+#: ``bind(config)``: ``config``'s launcher bound to the call's signature.
+Bind = Callable[[Config], Launcher]
+
+
+def compile_threads() -> int:
+    """Threads that bind (and so compile) a search's candidates: ``FLYREG_COMPILE_THREADS``, else up to 16."""
+    from flyreg._core.settings import current
+
+    return current().compile_threads
+
+
+def bind_all(op: str, cands: list[Config], build: Build, bind: Bind,
+             threads: int | None = None) -> dict[Config, Launcher | Exception]:
+    """Every candidate's bound launcher (or the exception binding it raised), before any is timed.
+
+    Builds run in order on this thread (the build cache counts each structural build once), then
+    the first bind; the other binds, where backends compile, run on a thread pool so their
+    compiles overlap (so ``bind`` must be thread-safe). A
+    :class:`LaunchSignatureError` (the call is wrong, not a config) is raised. ``threads`` None
+    is :func:`compile_threads`.
+    """
+    out: dict[Config, Launcher | Exception] = {}
+    for config in cands:
+        try:
+            build(config)
+        except Exception as e:
+            out[config] = e
+    todo = [c for c in cands if c not in out]
+
+    def bind_one(config: Config) -> Launcher | Exception:
+        try:
+            return bind(config)
+        except LaunchSignatureError:
+            raise
+        except Exception as e:
+            return e
+
+    threads = min(threads if threads is not None else compile_threads(), len(todo))
+    if threads <= 1:
+        out.update((c, bind_one(c)) for c in todo)
+        return out
+    # The first bind runs here, alone: a backend's first use of a kernel may set up caches unsafely.
+    out[todo[0]] = bind_one(todo[0])
+    with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{op}") as pool:
+        out.update(zip(todo[1:], pool.map(bind_one, todo[1:])))
+    return out

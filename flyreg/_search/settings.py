@@ -1,0 +1,97 @@
+"""How a search runs: timing counts and mode, the tie band, the in-place arguments and the reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from flyreg._search.bench import TIMINGS, check_counts
+
+#: ``reference(args, kwargs)``: the correct result of a call, for the correctness gate.
+Reference = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+
+
+@attrs.frozen
+class SearchSettings:
+    """Everything a search of op ``op`` reads besides the call itself.
+
+    ``warmup`` and ``rep`` count runs (replays, with steady timing); ``tie_band`` is how close to
+    the fastest the default (then the earliest config) still wins; ``timing`` is one of
+    :data:`flyreg._search.bench.TIMINGS`. ``arg_names`` name the positional arguments, so
+    ``restore_value`` (restored before every run) and ``reset_to_zero`` (zeroed) can name them.
+    ``reference`` gates correctness (None: nothing is rejected as wrong). ``compile_threads``
+    binds the candidates (None: ``FLYREG_COMPILE_THREADS``, else up to 16, read at each search).
+    Build one with :meth:`of`, which checks every field.
+    """
+
+    op: str
+    warmup: int = 5
+    rep: int = 20
+    tie_band: float = 0.005
+    timing: str = "steady"
+    arg_names: tuple[str, ...] = ()
+    restore_value: tuple[str, ...] = ()
+    reset_to_zero: tuple[str, ...] = ()
+    reference: Reference | None = None
+    compile_threads: int | None = None
+
+    @classmethod
+    def of(cls, op: str, *, warmup: int = 5, rep: int = 20, tie_band: float = 0.005, timing: str = "steady",
+           arg_names: Sequence[str] = (), restore_value: Iterable[str] = (), reset_to_zero: Iterable[str] = (),
+           keyword_only: Iterable[str] = (), reference: Reference | None = None,
+           compile_threads: int | None = None) -> SearchSettings:
+        """Checked settings; ValueError or TypeError naming ``op`` and the bad argument.
+
+        ``keyword_only`` are argument names a call can only pass by keyword, which
+        ``restore_value`` and ``reset_to_zero`` may name as well as ``arg_names``.
+        """
+        if timing not in TIMINGS:
+            raise ValueError(f"{op}: timing must be one of {list(TIMINGS)}, got {timing!r}")
+        if not 0 <= tie_band < 1:
+            raise ValueError(f"{op}: tie_band must be in [0, 1), got {tie_band!r}")
+        try:
+            check_counts(warmup, rep)
+        except ValueError as e:
+            raise ValueError(f"{op}: {e}") from None
+        if reference is not None and not callable(reference):
+            raise TypeError(f"{op}: reference must be a callable of (args, kwargs), got {type(reference).__name__}")
+        if compile_threads is not None and (not isinstance(compile_threads, int) or compile_threads < 1):
+            raise ValueError(f"{op}: compile_threads must be a positive int, got {compile_threads!r}")
+        names = names_of(op, "arg_names", arg_names)
+        restore, zero = names_of(op, "restore_value", restore_value), names_of(op, "reset_to_zero", reset_to_zero)
+        _check_in_place_names(op, restore, zero, names, tuple(keyword_only))
+        return cls(op, warmup, rep, tie_band, timing, names, restore, zero, reference, compile_threads)
+
+
+def names_of(op: str, what: str, value: Any) -> tuple[str, ...]:
+    """``value`` (a list of names) as a tuple; a single string, a non-iterable or a non-name is a TypeError."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{op}: {what} must be a list of names, got the string {value!r} "
+                        f"(write [{value!r}] for one name)")
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f"{op}: {what} must be a list of names, got {type(value).__name__}") from None
+    bad = [v for v in names if not isinstance(v, str) or not v]
+    if bad:
+        raise TypeError(f"{op}: {what} must be a list of non-empty strings, got {bad[0]!r} in it")
+    return names
+
+
+def _check_in_place_names(op: str, restore_value: tuple[str, ...], reset_to_zero: tuple[str, ...],
+                          arg_names: tuple[str, ...], keyword_only: tuple[str, ...]) -> None:
+    """Every ``restore_value`` and ``reset_to_zero`` name must be findable in a call, else ValueError.
+
+    A name outside ``arg_names`` could only ever match a keyword argument: passed by position it
+    would silently be neither restored nor zeroed. Keyword-only parameters are fine (they cannot
+    be passed by position).
+    """
+    known = set(arg_names) | set(keyword_only)
+    for what, names in (("restore_value", restore_value), ("reset_to_zero", reset_to_zero)):
+        missing = [n for n in names if n not in known]
+        if missing:
+            have = f"arg_names is {list(arg_names)}" if arg_names else "no arg_names were given or found"
+            raise ValueError(f"{op}: {what} names {missing}, which are not among the call's argument names "
+                             f"({have}); pass arg_names=[...] naming the positional arguments in order")

@@ -1,0 +1,179 @@
+"""Which configs a search times: all of them, or a budgeted local search over the knob grid.
+
+A strategy gets the candidate configs, configs to start from (the default, the winners of the
+nearest tuned specs) and an ``evaluate`` callable that times a batch of configs and returns each
+one's time in ms (None for a config that failed). It returns every time it took. Deterministic
+for a given seed, the timings aside.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from flyreg._core.config import Config, JSONScalar
+
+Evaluate = Callable[[Sequence[Config]], Mapping[Config, "float | None"]]
+Times = dict[Config, "float | None"]
+
+#: Spaces up to this size are searched exhaustively unless the op or the user asks otherwise.
+EXHAUSTIVE_MAX = 256
+#: The share of a large space the ``quick`` effort times at most.
+QUICK_SHARE = 0.15
+
+
+@attrs.frozen
+class Budget:
+    """Limits of one spec's search: configs timed at most, wall seconds at most (None: no limit), and the seed."""
+
+    max_evals: int | None = None
+    seconds: float | None = None
+    seed: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_evals is not None and (isinstance(self.max_evals, bool) or self.max_evals < 1):
+            raise ValueError(f"max_evals must be an int >= 1 or None, got {self.max_evals!r}")
+        if self.seconds is not None and not self.seconds > 0:
+            raise ValueError(f"seconds must be > 0 or None, got {self.seconds!r}")
+
+
+class Strategy(Protocol):
+    name: str
+
+    def run(self, space: Sequence[Config], evaluate: Evaluate, budget: Budget,
+            starts: Sequence[Config] = ()) -> Times: ...
+
+
+class _Meter:
+    """Times batches through ``evaluate`` within the budget; never times a config twice."""
+
+    def __init__(self, evaluate: Evaluate, budget: Budget) -> None:
+        self.evaluate, self.budget = evaluate, budget
+        self.times: Times = {}
+        self.deadline = time.monotonic() + budget.seconds if budget.seconds is not None else None
+
+    def left(self) -> int | None:
+        return None if self.budget.max_evals is None else self.budget.max_evals - len(self.times)
+
+    def exhausted(self) -> bool:
+        left = self.left()
+        return (left is not None and left <= 0) or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def time(self, configs: Sequence[Config]) -> None:
+        todo = [c for c in dict.fromkeys(configs) if c not in self.times]
+        left = self.left()
+        if left is not None:
+            todo = todo[:max(left, 0)]
+        if not todo or (self.deadline is not None and time.monotonic() >= self.deadline):
+            return
+        got = self.evaluate(todo)
+        for c in todo:
+            self.times[c] = got.get(c)
+
+
+@attrs.frozen
+class Exhaustive:
+    """Every config, in batches so a time budget can stop it between batches."""
+
+    name: str = "exhaustive"
+    batch: int = 64
+
+    def run(self, space: Sequence[Config], evaluate: Evaluate, budget: Budget,
+            starts: Sequence[Config] = ()) -> Times:
+        meter = _Meter(evaluate, budget)
+        order = [*[s for s in starts if s in set(space)], *space]
+        for i in range(0, len(order), self.batch):
+            if meter.exhausted():
+                break
+            meter.time(order[i:i + self.batch])
+        return meter.times
+
+
+def _sort_key(value: JSONScalar) -> tuple[str, JSONScalar]:
+    return (type(value).__name__, value)
+
+
+class _Grid:
+    """The space as points of a grid: one axis per knob and hint, each with its sorted values."""
+
+    def __init__(self, space: Sequence[Config]) -> None:
+        names = sorted({k for c in space for k in c.all_kwargs()})
+        self.values = {n: sorted({c.all_kwargs().get(n) for c in space}, key=lambda v: _sort_key(v)
+                                 if v is not None else ("", 0)) for n in names}
+        self.index = {n: {v: i for i, v in enumerate(vs)} for n, vs in self.values.items()}
+        self.names = names
+        self.point = {c: tuple(self.index[n][c.all_kwargs().get(n)] for n in names) for c in space}
+        self.at = {p: c for c, p in self.point.items()}
+
+    def neighbors(self, config: Config) -> list[Config]:
+        """The nearest config of the space one step up and one step down each axis (skipping pruned points)."""
+        p = self.point[config]
+        out = []
+        for axis, n in enumerate(self.names):
+            for step in (-1, 1):
+                i = p[axis] + step
+                while 0 <= i < len(self.values[n]):
+                    q = (*p[:axis], i, *p[axis + 1:])
+                    if q in self.at:
+                        out.append(self.at[q])
+                        break
+                    i += step
+        return out
+
+
+@attrs.frozen
+class LocalSearch:
+    """Best-first local search: time the starts and a random sample, then always the untried neighbors of
+    the fastest config not yet expanded; a fresh random sample when every timed config is expanded.
+
+    ``sample`` is the share of the space (at least 4 configs) timed at random first.
+    """
+
+    name: str = "local"
+    sample: float = 0.02
+
+    def run(self, space: Sequence[Config], evaluate: Evaluate, budget: Budget,
+            starts: Sequence[Config] = ()) -> Times:
+        space = list(dict.fromkeys(space))
+        meter = _Meter(evaluate, budget)
+        if not space:
+            return meter.times
+        rng = random.Random(budget.seed)
+        grid = _Grid(space)
+        k = max(4, int(len(space) * self.sample))
+        members = set(space)
+        meter.time([*[s for s in starts if s in members], *rng.sample(space, min(k, len(space)))])
+        expanded: set[Config] = set()
+        while not meter.exhausted() and len(meter.times) < len(space):
+            timed = sorted((t, i, c) for i, (c, t) in enumerate(meter.times.items())
+                           if t is not None and c not in expanded)
+            if not timed:
+                rest = [c for c in space if c not in meter.times]
+                meter.time(rng.sample(rest, min(k, len(rest))))
+                continue
+            best = timed[0][2]
+            expanded.add(best)
+            meter.time(grid.neighbors(best))
+        return meter.times
+
+
+STRATEGIES: dict[str, Callable[[], Strategy]] = {"exhaustive": Exhaustive, "local": LocalSearch}
+
+
+def choose(space_size: int, effort: str = "auto", preferred: str | None = None) -> tuple[Strategy, int | None]:
+    """The strategy and evaluation cap for a space: ``full`` times everything; ``quick`` a local search
+    capped at :data:`QUICK_SHARE` of a large space; ``auto`` is ``full`` up to :data:`EXHAUSTIVE_MAX`
+    configs and ``quick`` above. An op's ``preferred`` strategy replaces the large-space choice."""
+    if effort not in ("auto", "quick", "full"):
+        raise ValueError(f"effort must be 'auto', 'quick' or 'full', got {effort!r}")
+    if preferred is not None and preferred not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {preferred!r}")
+    if effort == "full" or (effort == "auto" and space_size <= EXHAUSTIVE_MAX):
+        return Exhaustive(), None
+    large = STRATEGIES[preferred or "local"]()
+    cap = max(1, int(space_size * QUICK_SHARE)) if isinstance(large, LocalSearch) else None
+    return large, cap
