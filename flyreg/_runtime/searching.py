@@ -18,6 +18,19 @@ from flyreg._search.engine import Call, Machine, run_search
 from flyreg._search.settings import SearchSettings
 
 
+def time_config(tuner: TunerState, config: Config, spec: dict[str, JSONScalar], call: Call) -> float:
+    """``config`` checked against the reference on ``call`` and timed, as a search times a candidate, storing
+    nothing; raises :class:`TuneError` naming why when it fails or is wrong."""
+    config = tuner.space.canonical(config, spec)
+
+    def build(c: Config) -> object:
+        return tuner.build_cache.get(tuner.name, c, spec, tuner.structural, tuner.build)
+
+    report = run_search(tuner.settings, spec, call, [config], None, build,
+                        lambda c: tuner.bind(c, spec, call.args, call.kwargs), tuner.stats)
+    return report.winner_ms
+
+
 def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity, pkey: str, call: Call, *,
            emit: bool, out_dir: str | os.PathLike[str] | None = None,
            settings: SearchSettings | None = None) -> tuple[Resolution, OSError | None]:

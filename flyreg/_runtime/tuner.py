@@ -23,7 +23,7 @@ from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneErr
 from flyreg._runtime import resolution
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
 from flyreg._runtime.resolution import Request, autotune_forced, capturing
-from flyreg._runtime.searching import search
+from flyreg._runtime.searching import search, time_config
 from flyreg._runtime.space import ConfigSpace, Configs, Default, Prune
 from flyreg._runtime.state import Memory
 from flyreg._search.engine import Call
@@ -260,6 +260,12 @@ class Autotuner:
         if error is not None:
             raise OSError(f"{self.name}: {error}") from error.__cause__
         return self.reports[ck.pkey]
+
+    def time_config(self, config: Config, *args: Any, **kwargs: Any) -> float:
+        """Check ``config`` against the reference on this call and time it (ms), as a search does; stores
+        nothing. Raises :class:`TuneError` when the config fails or computes a wrong result."""
+        ck = self._call_key(args, kwargs)
+        return time_config(self, config, ck.spec, Call(args, kwargs, ck.named, ck.device))
 
 
 _SEQUENCES = (list, tuple)
