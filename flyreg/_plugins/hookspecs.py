@@ -162,7 +162,9 @@ def describe() -> OpRecord | Mapping[str, Any]:
     for nearest lookup, for an op that declares no ``axes``), ``config_dir`` (a directory of
     shipped artifacts), ``key_env`` (environment variables whose values invalidate cached
     configs), ``timing`` (how a search on a GPU times candidates: ``"steady"``, the default,
-    ``"flushed"`` for kernels that cannot be captured in a CUDA graph, or ``"graph"``).
+    ``"flushed"`` for kernels that cannot be captured in a CUDA graph, or ``"graph"``),
+    ``strategy`` (the search strategy preferred for a large config space, ``"exhaustive"`` or
+    ``"local"``; None lets flyreg choose).
 
     A dict of these fields (``axes`` aside) is accepted too, as before the record; any other key
     is an error. Called once, when the op is loaded.
