@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -360,17 +361,19 @@ def test_check_good_and_bad_dirs(cmd: Flyreg, tuned: Any, tmp_path: Path) -> Non
 
 
 # -- cache ---------------------------------------------------------------------------------------------------
-def test_cache_path_and_clear(cmd: Flyreg, tuned: Any) -> None:
-    database = cmd.dirs["cache"] / "flyreg-cache.sqlite3"
-    (path_all,) = cmd.many([["cache", "path"]])
+def test_cache_path_and_clear(cmd: Flyreg, tuned: Any, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(cmd.dirs["cache"], cache)  # the tune's scratch cache; the other tests keep theirs
+    database, env = cache / "flyreg-cache.sqlite3", {"FLYREG_CACHE_DIR": str(cache)}
+    (path_all,) = cmd.many([["cache", "path"]], **env)
     assert path_all.stdout == f"{database}\n"
     assert database.is_file()  # the tune filled the scratch cache
-    one = cmd.run("cache", "clear", "rmsnorm")
+    one = cmd.run("cache", "clear", "rmsnorm", **env)
     assert one.returncode == 0 and one.stdout.startswith("removed ") and one.stdout.endswith(f" from {database}\n")
     assert int(one.stdout.split()[1]) >= 1
-    again = cmd.run("cache", "clear", "rmsnorm")
+    again = cmd.run("cache", "clear", "rmsnorm", **env)
     assert again.stdout == f"removed 0 cache entries from {database}\n"
-    everything = cmd.run("cache", "clear")
+    everything = cmd.run("cache", "clear", **env)
     assert everything.returncode == 0 and everything.stdout.startswith("removed ")
 
 

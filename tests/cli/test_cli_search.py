@@ -8,7 +8,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from test_cli import Flyreg, fake_distribution, one_line_error
+from cli_harness import fake_distribution
+from test_cli import Flyreg, one_line_error
 
 #: An op of CONFIGS configs whose call sleeps DELAY_MS (from the environment, default 0).
 SLOW_MODULE = '''
@@ -61,7 +62,7 @@ def describe():
 def slow_env(tmp_path: Path) -> Flyreg:
     site = fake_distribution(tmp_path / "site", "slow-ops", "[flyreg.ops]\nslow = slow_ops\n",
                              {"slow_ops/__init__.py": SLOW_MODULE})
-    return Flyreg(tmp_path / "run", PYTHONPATH=str(site))
+    return Flyreg(tmp_path / "run", {"slow-ops": site})
 
 
 def journal_rows(run: Flyreg, timing: str = "cpu") -> list[str]:
