@@ -258,3 +258,47 @@ def test_page_shows_what_its_commands_print(page_run: tuple[str, list[tuple[Exam
                                         "docs/cli.md (commands now)"))
     assert new == page, f"docs/cli.md differs from what its examples print; to update it run\n" \
                         f"  FLYREG_REGEN_DOCS=1 python -m pytest -q {Path(__file__).relative_to(PAGE.parents[1])}\n{diff}"
+
+
+# -- the normalization itself -------------------------------------------------------------------------------
+def rich_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]], width: int) -> str:
+    """``rows`` drawn by rich as the command draws its tables (``columns``: name and justification)."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, justify in columns:
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*row)
+    out = io.StringIO()
+    Console(file=out, width=width).print(table)
+    return out.getvalue()
+
+
+def test_timing_columns_are_masked_and_the_table_drawn_as_rich_would_draw_it() -> None:
+    columns = [("op", "left"), ("winner", "left"), ("time", "right"), ("vs default", "right"), ("tried", "right")]
+    runs = [[["rmsnorm", "ROW_BLOCK=32", "81.1 us", "1.00x", "4"], ["rmsnorm", "ROW_BLOCK=256", "1.722 ms", "12.50x", "5"]],
+            [["rmsnorm", "ROW_BLOCK=4", "71.929 ms", "1.00x", "4"], ["rmsnorm", "", "", "", ""]]]
+    masked = [["rmsnorm", "<winner>", "<time>", "<speedup>", tried] for tried in ("4", "5")]
+    for run, shown in zip(runs, [masked, [masked[0], ["rmsnorm", "", "", "", ""]]]):  # an empty cell stays empty
+        title = "flyreg tune on AMD_EPYC (cpu-x86_64)"
+        assert normalize(rich_table(title, columns, run, 160), lambda text: text.replace("AMD_EPYC", "CPU_NAME")) \
+            == normalize(rich_table(title.replace("AMD_EPYC", "CPU_NAME"), columns, shown, 160), str)
+
+
+def test_a_table_whose_folded_cells_change_is_shown_unfolded_else_as_folded() -> None:
+    columns = [("spec", "left"), ("path", "left")]
+    path = "/tmp/pytest-of-someone/pytest-12/session3/configs/rmsnorm,M=1,N=4096,device_name=Some_Long_CPU_Name.json"
+    rows = [["M=1,N=4096", path], ["M=32,N=4096", " ".join(["a few words that rich wraps at a space"] * 2)]]
+    folded = rich_table("rmsnorm on Some_Long_CPU_Name", columns, rows, 60)
+    assert len(folded.splitlines()) > len(rows) + 5  # rich folded some cells
+
+    def shorter(text: str) -> str:
+        return text.replace("/tmp/pytest-of-someone/pytest-12/session3", "/tmp/demo").replace("Some_Long_CPU_Name", "CPU")
+
+    replaced = [[shorter(cell) for cell in row] for row in rows]
+    assert normalize(folded, shorter) == normalize(rich_table("rmsnorm on CPU", columns, replaced, 1000), str)
+    assert normalize(folded, lambda text: text.replace("nothing here", "x")) == normalize(folded, str)
