@@ -1,4 +1,4 @@
-"""The RMSNorm ops as torch custom ops: lazy registration, torch.compile without graph breaks, opcheck."""
+"""The RMSNorm ops as torch custom ops through flyreg.torch: registration, torch.compile without graph breaks, opcheck."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ pytestmark = TORCH_OPS_NEEDED
 
 @pytest.fixture(scope="module")
 def ops() -> dict:
-    from flyreg_rmsnorm.torch_ops import register_torch_ops
+    import flyreg.torch
 
-    return register_torch_ops()
+    return {name: flyreg.torch.register(name) for name in ("rmsnorm", "fused_add_rmsnorm")}
 
 
 class Block(torch.nn.Module):
@@ -53,25 +53,28 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def test_importing_the_plugin_does_not_register_the_torch_ops() -> None:
+def test_importing_flyreg_torch_registers_every_op_with_a_schema_and_nothing_else_does() -> None:
     probe = (
         "import torch, flyreg, flyreg_rmsnorm, flyreg_rmsnorm.ops\n"
         "flyreg.op('rmsnorm')\n"
         "assert not hasattr(torch.ops.flyreg, 'rmsnorm'), 'registered by importing the plugin'\n"
-        "import flyreg_rmsnorm.torch_ops\n"
+        "import flyreg.torch\n"
         "assert hasattr(torch.ops.flyreg, 'rmsnorm') and hasattr(torch.ops.flyreg, 'fused_add_rmsnorm')\n"
+        "assert {'rmsnorm', 'fused_add_rmsnorm'} <= set(flyreg.torch.registered())\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this process imports
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
 
 
-def test_registration_is_idempotent(ops: dict) -> None:
-    from flyreg_rmsnorm.torch_ops import register_torch_ops
+def test_registration_is_idempotent_and_marks_the_residual_written(ops: dict) -> None:
+    import flyreg.torch
 
-    again = register_torch_ops()
-    assert again.keys() == {"rmsnorm", "fused_add_rmsnorm"}
+    again = {name: flyreg.torch.register(name) for name in ops}
     assert all(again[k] is ops[k] for k in again)
+    schema = str(ops["fused_add_rmsnorm"].default._schema)
+    assert "Tensor(a!) residual" in schema and "Tensor x," in schema and "Tensor weight," in schema
+    assert "(a!)" not in str(ops["rmsnorm"].default._schema)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
