@@ -69,6 +69,40 @@ class OfflineStore:
                     return self._hit(art, device, False, quiet)
         if exact_only:
             return None
+        same, near = self._others(spec, device, dirs)
+        for path in same:
+            art = self._serves(path, spec, device, accepts, quiet, same_product=False)
+            if art is not None:
+                return self._hit(art, device, False, quiet)
+        for path in near:
+            art = self._serves(path, spec, device, accepts, quiet, same_product=False, nearest=True)
+            if art is not None and spec_text(self._fixed(art.spec)) == spec_text(self._fixed(spec)):
+                return self._hit(art, device, True, quiet)
+        return None
+
+    def nearest_configs(self, spec: Mapping[str, JSONScalar], device: DeviceIdentity, accepts: Accepts,
+                        limit: int = 4) -> list[Config]:
+        """The configs of up to ``limit`` usable artifacts tuned for ``spec`` or the specs nearest it on this
+        device's architecture, nearest first: where a budgeted search starts. Quiet; best effort."""
+        spec = canonical_spec(spec)
+        dirs = self.dirs()
+        exact = artifact_filename(self.op, spec, device.name)
+        same, near = self._others(spec, device, dirs)
+        paths = [*(d / exact for d in dirs if exact in index(d)), *same, *near]
+        out: list[Config] = []
+        for path in paths:
+            art = self._serves(path, spec, device, accepts, True, same_product=False, nearest=True)
+            if art is not None and art.config not in out:
+                out.append(art.config)
+            if len(out) >= limit:
+                break
+        return out
+
+    def _others(self, spec: dict[str, JSONScalar], device: DeviceIdentity,
+                dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+        """Artifacts of this op other than the exact one: for the same spec on other products, and for
+        specs along the ordered axes, nearest first (this product before others at one distance)."""
+        exact = artifact_filename(self.op, spec, device.name)
         want_op, want_axes, want_dev = lookup_key(self.op, spec, device.name)
         same: list[Path] = []
         near: list[tuple[tuple[bool, float, int, str], Path]] = []
@@ -82,15 +116,7 @@ class OfflineStore:
                     dist = self._distance(axes, want_axes, spec)
                     if dist is not None:
                         near.append(((dev != want_dev, dist, rank, fname), d / fname))
-        for path in same:
-            art = self._serves(path, spec, device, accepts, quiet, same_product=False)
-            if art is not None:
-                return self._hit(art, device, False, quiet)
-        for _, path in sorted(near, key=lambda t: t[0]):
-            art = self._serves(path, spec, device, accepts, quiet, same_product=False, nearest=True)
-            if art is not None and spec_text(self._fixed(art.spec)) == spec_text(self._fixed(spec)):
-                return self._hit(art, device, True, quiet)
-        return None
+        return same, [path for _, path in sorted(near, key=lambda t: t[0])]
 
     def _fixed(self, spec: Mapping[str, JSONScalar]) -> dict[str, JSONScalar]:
         return {k: v for k, v in spec.items() if k not in self.ordered_axes}

@@ -228,16 +228,25 @@ def list_ops(as_json: bool, device: str | None) -> None:
               help="Artifact dir (default: the first FLYREG_CONFIG_DIR entry, else the user config dir).")
 @click.option("--force", is_flag=True, help="Re-tune specs that already have a current artifact in the artifact dir.")
 @click.option("--dry-run", is_flag=True, help="List the jobs and what would happen to each; tune nothing.")
+@click.option("--effort", type=click.Choice(["auto", "quick", "full"]), default="auto", show_default=True,
+              help="How much of each spec's config space to time: full (all), quick (a seeded local search), "
+                   "auto (full for a small space, quick for a large one).")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Seconds each spec's search may take before its final round (default: no limit).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the local search's random choices.")
+@click.option("--fresh", is_flag=True, help="Time every config again instead of reading the tuning journal.")
 @_user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
-         out: Path | None, force: bool, dry_run: bool) -> None:
+         out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,
+         fresh: bool) -> None:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
     A spec whose artifact in the artifact dir is current (lookup would serve it: named by its
     content, for this device, a config the op offers, the same toolchain) is skipped unless
     --force; a malformed one is moved aside before it is re-tuned. A failing op or spec is reported and the others still run; the exit code is then 1.
-    Ctrl-C stops after keeping the artifacts written so far (exit 130).
+    Ctrl-C stops after keeping the artifacts written so far (exit 130). Every measurement is
+    journaled as it is taken: the same command run again times nothing already measured.
     """
     from flyreg._cli.tune_jobs import plan_jobs, print_plan, run_jobs
 
@@ -253,7 +262,8 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     if dry_run:
         print_plan(jobs, dev, out_dir)
         sys.exit(0)
-    sys.exit(run_jobs(jobs, dev, out_dir, force))
+    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
+    sys.exit(run_jobs(jobs, dev, out_dir, force, options))
 
 
 @cli.command()

@@ -172,7 +172,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
     return jobs
 
 
-def _tune_one(job: Job, device: str, out_dir: Path, force: bool) -> None:
+def _tune_one(job: Job, device: str, out_dir: Path, force: bool, options: dict[str, Any]) -> None:
     from flyreg._plugins.registry import REGISTRY
 
     plugin = REGISTRY.plugin(job.op)
@@ -186,7 +186,7 @@ def _tune_one(job: Job, device: str, out_dir: Path, force: bool) -> None:
             job.skip = _skip_reason(job.op, spec, identity_of(device), out_dir)
             if job.skip:
                 return
-    job.result = tuner.tune(*args, out_dir=out_dir, **kwargs)
+    job.result = tuner.tune(*args, out_dir=out_dir, search_options=options, **kwargs)
 
 
 @contextlib.contextmanager
@@ -209,8 +209,10 @@ def _sigterm_as_interrupt() -> Iterator[list[int]]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -> int:
-    """Run the jobs with a progress bar, print the summary; returns the exit code.
+def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
+             options: dict[str, Any] | None = None) -> int:
+    """Run the jobs with a progress bar, print the summary; returns the exit code. ``options`` are each
+    search's run options (:meth:`Autotuner.tune`'s ``search_options``; default: resume from the journal).
 
     0: every job tuned or skipped; 1: some job failed; 130 (143): stopped by SIGINT (SIGTERM),
     with every artifact written so far kept and no partial file left.
@@ -235,7 +237,7 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
                     progress.update(task, description=f"{job.op} {spec_str(job.spec)}")
                     t0 = time.perf_counter()
                     try:
-                        _tune_one(job, device, out_dir, force)
+                        _tune_one(job, device, out_dir, force, options if options is not None else {"resume": True})
                     except KeyboardInterrupt:
                         raise
                     except Exception as e:  # one failing job never stops the others
@@ -246,8 +248,10 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False) -
             interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
     _summary(console, jobs, device, out_dir)
     if todo and interrupted is None:
-        timed = sum(len(j.result.timings) for j in jobs if j.result is not None)
-        console.print(f"cost: {timed} configs benchmarked, {BUILD_CACHE.builds - builds0} builds, "
+        results = [j.result for j in jobs if j.result is not None]
+        timed, reused = sum(len(r.timings) for r in results), sum(r.reused for r in results)
+        journaled = f" ({reused} results read from the tuning journal)" if reused else ""
+        console.print(f"cost: {timed} configs benchmarked{journaled}, {BUILD_CACHE.builds - builds0} builds, "
                       f"{time.perf_counter() - start:.1f} s", markup=False, highlight=False)
     if interrupted is not None:
         again = "the same command without --force" if force else "the same command"

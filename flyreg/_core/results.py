@@ -73,7 +73,10 @@ class Resolution:
 
 @attrs.frozen
 class TuneReport:
-    """What a search did: the winner, its time and the default's, and every failure."""
+    """What a search did: the winner, its time and the default's, and every failure.
+
+    ``reused`` counts the results read from the tuning journal instead of timed in this search.
+    """
 
     op: str
     spec: dict[str, JSONScalar]
@@ -84,6 +87,7 @@ class TuneReport:
     failed: tuple[tuple[Config, str], ...]
     rejected: tuple[tuple[Config, str], ...]
     artifact: str | None = None
+    reused: int = 0
 
     @property
     def tried(self) -> int:

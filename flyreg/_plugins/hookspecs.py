@@ -161,9 +161,11 @@ def describe() -> OpRecord | Mapping[str, Any]:
     (argument names of tensors the kernel updates in place), ``axes`` (the spec axes, each a
     :class:`flyreg.plugin.Axis`: every spec is checked against them), ``ordered_axes`` (spec axes
     for nearest lookup, for an op that declares no ``axes``), ``config_dir`` (the directory of
-    the artifacts the plugin ships, e.g. ``Path(__file__).parent / "configs"``), ``key_env`` (environment variables whose values invalidate cached
-    configs), ``timing`` (how a search on a GPU times candidates: ``"steady"``, the default,
+    the artifacts the plugin ships, e.g. ``Path(__file__).parent / "configs"``), ``key_env``
+    (environment variables whose values invalidate cached configs), ``timing`` (how a search on a GPU times candidates: ``"steady"``, the default,
     ``"flushed"`` for kernels that cannot be captured in a CUDA graph, or ``"graph"``),
+    ``strategy`` (the search strategy preferred for a large config space, ``"exhaustive"`` or
+    ``"local"``; None lets flyreg choose),
     ``torch_schema`` (the op's torch schema without its name, registered as
     ``torch.ops.flyreg.<op>`` by :mod:`flyreg.torch`), ``output_like`` (the argument the one
     output is shaped like, for its fake implementation) or ``torch_fake`` (the fake

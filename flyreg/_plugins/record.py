@@ -22,12 +22,13 @@ from flyreg._core.config import JSONScalar
 from flyreg._core.keys import SpecError
 from flyreg._plugins.schema import Schema, SchemaError, mark_mutated, parse_schema
 from flyreg._search.bench import TIMINGS
+from flyreg._search.strategy import STRATEGIES
 
 #: The types an axis may have.
 AXIS_TYPES: dict[type, str] = {int: "int", str: "str", float: "float", bool: "bool"}
 #: The keys a legacy ``describe()`` dict may have (each one is the record field of that name).
 DESCRIBE_KEYS = frozenset({"description", "version", "structural", "restore_value", "reset_to_zero",
-                           "ordered_axes", "config_dir", "key_env", "arg_names", "timing"})
+                           "ordered_axes", "config_dir", "key_env", "arg_names", "timing", "strategy"})
 
 
 class RecordError(ValueError):
@@ -196,6 +197,8 @@ def _axes(value: Any) -> tuple[Axis, ...]:
 class OpRecord:
     """What an op declares about itself; every field is optional. Checked when made.
 
+    ``strategy`` names the search strategy the op prefers for a large config space (a name in
+    :data:`flyreg._search.strategy.STRATEGIES`); None lets flyreg choose.
     ``ordered_axes`` is for an op that declares no ``axes``; otherwise it is derived from the
     axes' ``ordered`` flags. ``restore_value`` and ``reset_to_zero`` must be among ``arg_names``.
 
@@ -218,6 +221,7 @@ class OpRecord:
     config_dir: Path | None = attrs.field(default=None, converter=_path)
     key_env: tuple[str, ...] = attrs.field(default=(), converter=_names("key_env"))
     timing: str = "steady"
+    strategy: str | None = None
     torch_schema: str | None = None
     torch_fake: Callable[..., Any] | None = None
     output_like: str | None = None
@@ -225,6 +229,9 @@ class OpRecord:
     def __attrs_post_init__(self) -> None:
         if self.timing not in TIMINGS:
             raise RecordError(f"timing must be one of {list(TIMINGS)}, got {self.timing!r}")
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise RecordError(f"strategy must be one of {sorted(STRATEGIES)} (or None: flyreg chooses), "
+                              f"got {self.strategy!r}")
         self._check_torch()
         names = [a.name for a in self.axes]
         twice = sorted({n for n in names if names.count(n) > 1})

@@ -305,7 +305,7 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
         arg_names=rec.arg_names or (), restore_value=rec.restore_value, reset_to_zero=rec.reset_to_zero,
         reference=plugin.reference if plugin.implements("reference") else None, key_env=rec.key_env,
         version=rec.version, config_dirs=[rec.config_dir] if rec.config_dir else [], ordered_axes=rec.ordered_axes,
-        timing=rec.timing, spec_check=plugin.check_spec if rec.axes else None,
+        timing=rec.timing, strategy=rec.strategy, spec_check=plugin.check_spec if rec.axes else None,
     )
     return tuner
 

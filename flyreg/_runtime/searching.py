@@ -12,14 +12,30 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, env_values
 from flyreg._core.results import Resolution
-from flyreg._core.toolchain import fingerprint
+from flyreg._core.toolchain import current, fingerprint
 from flyreg._runtime.state import TunerState
-from flyreg._search.engine import Call, run_search
+from flyreg._search.engine import Call, Machine, run_search
+from flyreg._search.settings import SearchSettings
+
+
+def time_config(tuner: TunerState, config: Config, spec: dict[str, JSONScalar], call: Call) -> float:
+    """``config`` checked against the reference on ``call`` and timed, as a search times a candidate, storing
+    nothing; raises :class:`TuneError` naming why when it fails or is wrong."""
+    config = tuner.space.canonical(config, spec)
+
+    def build(c: Config) -> object:
+        return tuner.build_cache.get(tuner.name, c, spec, tuner.structural, tuner.build)
+
+    report = run_search(tuner.settings, spec, call, [config], None, build,
+                        lambda c: tuner.bind(c, spec, call.args, call.kwargs), tuner.stats)
+    return report.winner_ms
 
 
 def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity, pkey: str, call: Call, *,
-           emit: bool, out_dir: str | os.PathLike[str] | None = None) -> tuple[Resolution, OSError | None]:
-    """Search, store the winner in the scratch cache and, with ``emit``, write its artifact.
+           emit: bool, out_dir: str | os.PathLike[str] | None = None,
+           settings: SearchSettings | None = None) -> tuple[Resolution, OSError | None]:
+    """Search (with ``settings``, default the tuner's), store the winner in the scratch cache and, with
+    ``emit``, write its artifact.
 
     Returns the resolution and the error of a failed artifact write (None when written or not asked);
     the report lands in ``tuner.reports[pkey]``.
@@ -30,8 +46,12 @@ def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity
     def build(config: Config) -> object:
         return tuner.build_cache.get(tuner.name, config, spec, tuner.structural, tuner.build)
 
-    report = run_search(tuner.settings, spec, call, tuner.space.candidates(spec), default, build,
-                        lambda config: tuner.bind(config, spec, call.args, call.kwargs), tuner.stats)
+    def seeds() -> list[Config]:  # the winners of the nearest tuned specs, where a budgeted search starts
+        return [tuner.space.canonical(c, spec) for c in tuner.offline.nearest_configs(spec, ident, tuner.space.accepts)]
+
+    report = run_search(settings if settings is not None else tuner.settings, spec, call, tuner.space.candidates(spec), default, build,
+                        lambda config: tuner.bind(config, spec, call.args, call.kwargs), tuner.stats,
+                        machine=machine(tuner, spec, ident), seeds=seeds)
     entry = {"spec": spec, "device": ident.to_json(), "toolchain": fingerprint(tuner.version),
              "env": dict(env_values(tuner.key_env)), "config": report.winner.to_json(),
              "time_ms": report.winner_ms, "default_ms": report.default_ms,
@@ -52,3 +72,11 @@ def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity
             error.__cause__ = e
     tuner.reports[pkey] = attrs.evolve(report, artifact=artifact)
     return Resolution(report.winner, "search", spec, "search", path=artifact), error
+
+
+def machine(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Machine:
+    """What the tuning journal keys a search's measurements by, besides op, spec and timing: the device,
+    and the toolchain the scratch cache's key holds (:func:`flyreg._core.toolchain.current`) with the
+    values of the op's ``key_env`` variables (``env:NAME``), which change what a config runs."""
+    env = {f"env:{k}": v for k, v in env_values(tuner.key_env) if v is not None}
+    return Machine(ident.to_json(), {**current(spec, ident.arch, tuner.version), **env})

@@ -10,7 +10,7 @@ import functools
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneErr
 from flyreg._runtime import resolution
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
 from flyreg._runtime.resolution import Request, autotune_forced, capturing
-from flyreg._runtime.searching import search
+from flyreg._runtime.searching import search, time_config
 from flyreg._runtime.space import ConfigSpace, Configs, Default, Prune
 from flyreg._runtime.state import Memory
 from flyreg._search.engine import Call
@@ -240,22 +240,32 @@ class Autotuner:
         return bind_launcher(self.name, launch, config, args, kwargs, self.arg_names, self.settings.reset_to_zero)
 
     def tune(self, *args: Any, emit: bool = True, out_dir: str | os.PathLike[str] | None = None,
-             **kwargs: Any) -> TuneReport:
+             search_options: Mapping[str, Any] | None = None, **kwargs: Any) -> TuneReport:
         """Search the configs of this call now (whatever is cached), store the winner and return the report.
 
-        A failed artifact write raises OSError after the winner is stored in memory and in the scratch cache.
+        ``search_options`` change this search's run (:data:`flyreg._search.settings.RUN_FIELDS`:
+        ``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``); ``flyreg tune`` passes its
+        flags and ``resume=True``. A failed artifact write raises OSError after the winner is stored
+        in memory and in the scratch cache.
         """
         ck = self._call_key(args, kwargs)
         if resolution.capturing(ck.device):
             raise GraphCaptureError(f"{self.name}: tune() called while a CUDA graph is being captured; "
                                     f"tune before capture (a search benchmarks and synchronizes)")
         call = Call(args, kwargs, ck.named, ck.device)
-        res, error = search(self, ck.spec, ck.ident, ck.pkey, call, emit=emit, out_dir=out_dir)
+        settings = self.settings.with_run(**search_options) if search_options else None
+        res, error = search(self, ck.spec, ck.ident, ck.pkey, call, emit=emit, out_dir=out_dir, settings=settings)
         self.memory.record(ck.pkey, ck.spec, ck.ident, res)
         self._bound.clear()
         if error is not None:
             raise OSError(f"{self.name}: {error}") from error.__cause__
         return self.reports[ck.pkey]
+
+    def time_config(self, config: Config, *args: Any, **kwargs: Any) -> float:
+        """Check ``config`` against the reference on this call and time it (ms), as a search does; stores
+        nothing. Raises :class:`TuneError` when the config fails or computes a wrong result."""
+        ck = self._call_key(args, kwargs)
+        return time_config(self, config, ck.spec, Call(args, kwargs, ck.named, ck.device))
 
 
 _SEQUENCES = (list, tuple)

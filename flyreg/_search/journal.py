@@ -59,6 +59,18 @@ class Context:
 
 
 @attrs.frozen
+class Machine:
+    """Where a search measures: the device identity and the toolchain its configs depend on (the scratch
+    cache's key holds the same)."""
+
+    device: Mapping[str, str]
+    toolchain: Mapping[str, str]
+
+    def context(self, op: str, spec: Mapping[str, JSONScalar], timing: str) -> Context:
+        return Context(op, spec, self.device, self.toolchain, timing)
+
+
+@attrs.frozen
 class Measurement:
     """One journal row: a config's median time and spread, or the reason it failed."""
 

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from flyreg._search.bench import TIMINGS, check_counts
+from flyreg._search.strategy import EFFORTS, STRATEGIES
 
 #: ``reference(args, kwargs)``: the correct result of a call, for the correctness gate.
 Reference = Callable[[tuple[Any, ...], dict[str, Any]], Any]
@@ -23,7 +24,13 @@ class SearchSettings:
     ``restore_value`` (restored before every run) and ``reset_to_zero`` (zeroed) can name them.
     ``reference`` gates correctness (None: nothing is rejected as wrong). ``compile_threads``
     binds the candidates (None: ``FLYREG_COMPILE_THREADS``, else up to 16, read at each search).
-    Build one with :meth:`of`, which checks every field.
+    ``strategy`` is the op's preferred strategy for a large space (a name in
+    :data:`flyreg._search.strategy.STRATEGIES`; None: local search); ``effort`` (``auto``,
+    ``quick``, ``full``), ``budget_s`` (seconds one spec's search may take before its final round;
+    None: no limit) and ``seed`` choose how much of the space is timed (:func:`~flyreg._search.strategy.choose`).
+    ``resume`` reuses the tuning journal's measurements of the same op, spec, device, toolchain and
+    timing method instead of timing those configs again (``flyreg tune`` sets it).
+    Build one with :meth:`of`, which checks every field; :meth:`with_run` changes the run's fields.
     """
 
     op: str
@@ -36,12 +43,18 @@ class SearchSettings:
     reset_to_zero: tuple[str, ...] = ()
     reference: Reference | None = None
     compile_threads: int | None = None
+    strategy: str | None = None
+    effort: str = "auto"
+    budget_s: float | None = None
+    seed: int = 0
+    resume: bool = False
 
     @classmethod
     def of(cls, op: str, *, warmup: int = 5, rep: int = 20, tie_band: float = 0.005, timing: str = "steady",
            arg_names: Sequence[str] = (), restore_value: Iterable[str] = (), reset_to_zero: Iterable[str] = (),
            keyword_only: Iterable[str] = (), reference: Reference | None = None,
-           compile_threads: int | None = None) -> SearchSettings:
+           compile_threads: int | None = None, strategy: str | None = None, effort: str = "auto",
+           budget_s: float | None = None, seed: int = 0, resume: bool = False) -> SearchSettings:
         """Checked settings; ValueError or TypeError naming ``op`` and the bad argument.
 
         ``keyword_only`` are argument names a call can only pass by keyword, which
@@ -62,7 +75,38 @@ class SearchSettings:
         names = names_of(op, "arg_names", arg_names)
         restore, zero = names_of(op, "restore_value", restore_value), names_of(op, "reset_to_zero", reset_to_zero)
         _check_in_place_names(op, restore, zero, names, tuple(keyword_only))
-        return cls(op, warmup, rep, tie_band, timing, names, restore, zero, reference, compile_threads)
+        return cls(op, warmup, rep, tie_band, timing, names, restore, zero, reference, compile_threads,
+                   *_run_fields(op, strategy, effort, budget_s, seed, resume))
+
+    def with_run(self, **changes: object) -> SearchSettings:
+        """These settings with the run's fields (``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``)
+        changed, checked as :meth:`of` checks them."""
+        unknown = sorted(set(changes) - set(RUN_FIELDS))
+        if unknown:
+            raise TypeError(f"{self.op}: unknown search options {unknown}; known: {list(RUN_FIELDS)}")
+        run = {f: changes.get(f, getattr(self, f)) for f in RUN_FIELDS}
+        return attrs.evolve(self, **dict(zip(RUN_FIELDS, _run_fields(self.op, **run))))  # type: ignore[arg-type]
+
+
+#: The fields of one run of a search, which ``flyreg tune`` (or :meth:`Autotuner.tune`) may change per call.
+RUN_FIELDS = ("strategy", "effort", "budget_s", "seed", "resume")
+
+
+def _run_fields(op: str, strategy: object, effort: object, budget_s: object, seed: object,
+                resume: object) -> tuple[str | None, str, float | None, int, bool]:
+    """The run's fields, checked; ValueError or TypeError naming ``op`` and the field."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"{op}: strategy must be one of {sorted(STRATEGIES)} or None, got {strategy!r}")
+    if effort not in EFFORTS:
+        raise ValueError(f"{op}: effort must be one of {list(EFFORTS)}, got {effort!r}")
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
+                                 or not 0 < budget_s < float("inf")):
+        raise ValueError(f"{op}: budget_s must be a number of seconds > 0 or None, got {budget_s!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"{op}: seed must be an int, got {seed!r}")
+    if not isinstance(resume, bool):
+        raise TypeError(f"{op}: resume must be True or False, got {resume!r}")
+    return strategy, effort, None if budget_s is None else float(budget_s), seed, resume  # type: ignore[return-value]
 
 
 def names_of(op: str, what: str, value: Any) -> tuple[str, ...]:

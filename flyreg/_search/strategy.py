@@ -22,6 +22,8 @@ Times = dict[Config, "float | None"]
 
 #: Spaces up to this size are searched exhaustively unless the op or the user asks otherwise.
 EXHAUSTIVE_MAX = 256
+#: How much of a space to time: ``auto`` (all of a small one), ``quick`` (a share), ``full`` (all).
+EFFORTS = ("auto", "quick", "full")
 #: The share of a large space the ``quick`` effort times at most.
 QUICK_SHARE = 0.15
 
@@ -168,7 +170,7 @@ def choose(space_size: int, effort: str = "auto", preferred: str | None = None) 
     """The strategy and evaluation cap for a space: ``full`` times everything; ``quick`` a local search
     capped at :data:`QUICK_SHARE` of a large space; ``auto`` is ``full`` up to :data:`EXHAUSTIVE_MAX`
     configs and ``quick`` above. An op's ``preferred`` strategy replaces the large-space choice."""
-    if effort not in ("auto", "quick", "full"):
+    if effort not in EFFORTS:
         raise ValueError(f"effort must be 'auto', 'quick' or 'full', got {effort!r}")
     if preferred is not None and preferred not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {preferred!r}")

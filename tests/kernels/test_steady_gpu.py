@@ -98,7 +98,7 @@ def test_a_given_replay_length_is_the_one_replayed() -> None:
 
 
 def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyreg._search import engine as search
+    from flyreg._search import timers as search
 
     x = torch.randn(1 << 16, device="cuda")
     seen: list[tuple[int, int | None]] = []

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
 import flyreg
 from flyreg._plugins import registry
 from flyreg._runtime.builder import BUILD_CACHE
@@ -34,12 +39,12 @@ def blocks(lang: str) -> list[str]:
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
     """A registry that discovers exactly the entry point the page's TOML block declares."""
     (toml,) = blocks("toml")
-    header, *lines = toml.strip().splitlines()
-    assert header == f'[project.entry-points."{registry.GROUP}"]'
-    found = []
-    for line in lines:
-        name, value = (part.strip().strip('"') for part in line.split("=", 1))
-        found.append(importlib.metadata.EntryPoint(name, value, registry.GROUP))
+    project = tomllib.loads(toml)  # the page's whole pyproject.toml
+    assert project["build-system"]["build-backend"] and project["project"]["name"]
+    assert project["tool"]["setuptools"]["packages"] == ["my_kernels"]
+    found = [importlib.metadata.EntryPoint(name, value, registry.GROUP)
+             for name, value in project["project"]["entry-points"][registry.GROUP].items()]
+    assert [ep.value for ep in found] == ["my_kernels.scale_rows"]
     reg = registry.Registry(entry_points=lambda: found)
     monkeypatch.setattr(registry, "REGISTRY", reg)
     BUILD_CACHE.clear()

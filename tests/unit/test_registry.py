@@ -580,14 +580,15 @@ def test_describe_keys_reach_the_tuner(empty_registry: Registry, tmp_path: Path,
         def describe(self) -> dict[str, Any]:
             return {"description": "all keys", "version": 5, "structural": ["ROWS"], "restore_value": ["x"],
                     "reset_to_zero": ["out"], "ordered_axes": ["M"], "config_dir": shipped,
-                    "key_env": ["FLYREG_TEST_KNOB"], "arg_names": ["x", "s", "out"], "timing": "flushed"}
+                    "key_env": ["FLYREG_TEST_KNOB"], "arg_names": ["x", "s", "out"], "timing": "flushed",
+                    "strategy": "exhaustive"}
 
     assert set(Described().describe()) == DESCRIBE_KEYS
     flyreg.register(Described(), name="described")
     tuner = flyreg.op("described")
     assert (tuner.version, tuner.structural, tuner.arg_names) == ("5", ("ROWS",), ("x", "s", "out"))
     assert (tuner.restore_value, tuner.reset_to_zero, tuner.key_env) == (("x",), ("out",), ("FLYREG_TEST_KNOB",))
-    assert tuner.timing == "flushed"
+    assert tuner.timing == "flushed" and tuner.settings.strategy == "exhaustive"
     assert shipped in tuner.offline.dirs()
     res = flyreg.resolve_spec("described", spec)
     assert (res.source, res.config, res.stale) == ("offline", Config({"ROWS": 256}), False)

@@ -12,6 +12,7 @@ import torch
 import flyreg
 from flyreg import BenchResult, Config, FlyregWarning, TuneError
 from flyreg._artifacts import cache
+from flyreg._search import candidates, timers
 from flyreg._search import engine as search
 from flyreg._runtime.builder import BuildCache
 from flyreg._search.engine import pick_winner
@@ -347,7 +348,7 @@ def test_gate_with_a_pure_reference_does_not_judge_in_place_tensors() -> None:
 
 def fixed_timings(monkeypatch: pytest.MonkeyPatch, times: dict[int, float], launches: list[Any],
                   noise: float = 0.0, seed: int = 0) -> None:
-    """Make ``search.do_bench`` run the candidate once and report ``times[CHUNK]`` (times ±noise)."""
+    """Make ``timers.do_bench`` run the candidate once and report ``times[CHUNK]`` (times ±noise)."""
     rng = random.Random(seed)
 
     def fake(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
@@ -355,7 +356,7 @@ def fixed_timings(monkeypatch: pytest.MonkeyPatch, times: dict[int, float], laun
         chunk = launches[-1][0]
         return BenchResult.of([times[chunk] * (1 + rng.uniform(-noise, noise)) for _ in range(rep)])
 
-    monkeypatch.setattr(search, "do_bench", fake)
+    monkeypatch.setattr(timers, "do_bench", fake)
 
 
 @pytest.mark.parametrize("default_ms, wins", [(1.003, "default"), (1.0049, "default"), (1.008, "fastest")])
@@ -396,7 +397,7 @@ def test_final_round_ranks_by_the_longer_timing(monkeypatch: pytest.MonkeyPatch)
         times = final if rep == FAST["rep"] * search.FINAL_SCALE else first
         return BenchResult.of([times[rec.launches[-1][0]]] * rep)
 
-    monkeypatch.setattr(search, "do_bench", timing)
+    monkeypatch.setattr(timers, "do_bench", timing)
     report = tuner.tune(*inputs(), emit=False)
     assert report.winner == Config({"CHUNK": 8}) and report.winner_ms == pytest.approx(0.97)
     assert report.default_ms == pytest.approx(1.45)  # the default is a finalist: its time is comparable
@@ -406,7 +407,7 @@ def test_final_round_ranks_by_the_longer_timing(monkeypatch: pytest.MonkeyPatch)
 
 def _two_round_timing(monkeypatch: pytest.MonkeyPatch, rec: Any, first: dict[int, float],
                       final: dict[int, float | Exception]) -> None:
-    """``search.do_bench`` reporting ``first[CHUNK]`` for base reps and ``final[CHUNK]`` (a time, or an
+    """``timers.do_bench`` reporting ``first[CHUNK]`` for base reps and ``final[CHUNK]`` (a time, or an
     error to raise) for the final round's."""
     def timing(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
         fn()
@@ -416,12 +417,12 @@ def _two_round_timing(monkeypatch: pytest.MonkeyPatch, rec: Any, first: dict[int
             raise value
         return BenchResult.of([value] * rep)
 
-    monkeypatch.setattr(search, "do_bench", timing)
+    monkeypatch.setattr(timers, "do_bench", timing)
 
 
 def test_only_the_final_round_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A close candidate left out of the final round keeps its short time, and cannot win by it."""
-    monkeypatch.setattr(search, "FINALISTS", 2)
+    monkeypatch.setattr(candidates, "FINALISTS", 2)
     tuner, rec = double_op("final_only", chunks=(4, 8, 16))
     _two_round_timing(monkeypatch, rec, {4: 1.0, 8: 1.01, 16: 1.02}, {4: 1.05, 8: 1.06, 16: 0.5})
     report = tuner.tune(*inputs(), emit=False)

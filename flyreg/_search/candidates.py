@@ -1,0 +1,271 @@
+"""The candidates of one search, evaluated on demand: bound, gated, timed and journaled batch by batch.
+
+A strategy hands :class:`Evaluator` batches of configs and gets back each one's time in ms (None
+for a config that failed or gave a wrong result). Every timing, failure and rejection is
+appended to the tuning journal as it is taken. With ``resume``, a config already journaled under
+the same context is not timed again: its journaled median ranks it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.fileio import warn_once
+from flyreg._core.launch import Launcher, LaunchSignatureError
+from flyreg._core.results import BenchResult, TunerStats
+from flyreg._search import journal
+from flyreg._search.bench import device_kind, warm_device
+from flyreg._search.binding import Bind, Build, bind_all
+from flyreg._search.gate import mismatch
+from flyreg._search.graphs import CaptureError
+from flyreg._search.settings import SearchSettings
+from flyreg._search.steady import InputSet
+from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
+
+#: The final round: candidates within FINAL_BAND of the fastest (at most FINALISTS of them, and the
+#: default) are timed again over FINAL_SCALE times the work, and ranked by that. On the H200 short
+#: replays alone mis-ranked RMSNorm configs up to 1.2 % apart (4096 x 7168); replays of the final
+#: round's length picked within 0.1 % of the best a 50-call benchmark found, on every shape tried.
+FINAL_BAND = 0.03
+FINALISTS = 6
+FINAL_SCALE = 8
+
+#: The journal's error text of a config the correctness gate rejected starts with this.
+REJECTED = "rejected: "
+
+@attrs.frozen
+class Gate:
+    """The correctness gate: the reference's result (None: nothing is rejected) and the state each
+    in-place tensor (``written``, by name) must be left in (``expected``)."""
+
+    ref: Any
+    expected: dict[str, torch.Tensor]
+    written: dict[str, torch.Tensor]
+
+
+def final_timing(mode: str) -> str:
+    """The journal's timing method of the final round's re-times (more work than the first round's)."""
+    return f"{mode} final x{FINAL_SCALE}"
+
+
+class Evaluator:
+    """``evaluate(configs) -> {config: ms | None}`` for a strategy, then :meth:`final_round`.
+
+    ``timed`` (config -> result, in the order measured or read), ``failed`` and ``rejected`` are
+    the search's record; ``mode`` is the timing method (``cpu`` off CUDA). ``machine`` None
+    journals nothing.
+    """
+
+    def __init__(self, settings: SearchSettings, spec: dict[str, JSONScalar], own: InputSet, device: Any,
+                 in_place: InPlace, gate: Gate, build: Build, bind: Bind, stats: TunerStats,
+                 machine: journal.Machine | None) -> None:
+        self.settings, self.spec, self.own, self.device = settings, spec, own, device
+        self.in_place, self.gate, self.build, self.bind, self.stats = in_place, gate, build, bind, stats
+        self.machine = machine
+        self.mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
+        self.timed: dict[Config, BenchResult] = {}
+        self.failed: list[tuple[Config, str]] = []
+        self.rejected: list[tuple[Config, str]] = []
+        self.launchers: dict[Config, Launcher] = {}
+        self.reused = 0  # first-round results read from the journal instead of timed
+        self._timer: TimeOne | None = None
+        self._known: dict[str, dict[Config, journal.Measurement]] = {}
+
+    def __call__(self, configs: Sequence[Config]) -> dict[Config, float | None]:
+        out: dict[Config, float | None] = {}
+        known = self._journaled(self.mode)
+        todo = []
+        for c in dict.fromkeys(configs):
+            if c in known:
+                out[c] = self._reuse(c, known[c])
+            else:
+                todo.append(c)
+        ready = self._ready(todo, out)
+        self._warm(ready)
+        for i, (config, launcher) in enumerate(ready):
+            try:
+                result = self._time(launcher, 1)
+            except CaptureError as e:  # every config is timed again the flushed way, this batch's rest too
+                self._fall_back(e)
+                redo = list(self.timed)
+                self.timed.clear()
+                out.update(self([*redo, *(c for c, _ in ready[i:])]))
+                return out
+            except Exception as e:  # a failing candidate is skipped, never fatal
+                out[config] = self._fail(config, f"{type(e).__name__}: {e}", self.mode)
+                continue
+            self.timed[config] = result
+            self.stats.benchmarks += 1
+            self._journal(self.mode, config, result)
+            out[config] = result.median
+        return out
+
+    def final_round(self, default: Config | None) -> frozenset[Config]:
+        """Time the finalists again over :data:`FINAL_SCALE` times the work (their final times replace
+        the first); returns those that were. Journaled under :func:`final_timing`.
+
+        A :class:`CaptureError` leaves that finalist its first time, outside the final ranking; a
+        finalist that fails otherwise is dropped and reported: a config that fails on a re-run is not served.
+        """
+        timing = final_timing(self.mode)
+        known = self._journaled(timing)
+        final: set[Config] = set()
+        todo = []
+        for config in finalists(self.timed, default):
+            m = known.get(config)
+            if m is None:
+                todo.append(config)
+            elif m.failed:
+                del self.timed[config]
+                self.failed.append((config, str(m.error)))
+            else:
+                self.timed[config] = result_of(m)
+                final.add(config)
+        out: dict[Config, float | None] = {}
+        ready = self._ready(todo, out)
+        for config in out:  # bound again after a resume, and now failing
+            self.timed.pop(config, None)
+        self._warm(ready)
+        for config, launcher in ready:
+            try:
+                result = self._time(launcher, FINAL_SCALE)
+            except CaptureError:
+                continue
+            except Exception as e:
+                del self.timed[config]
+                self._fail(config, f"{type(e).__name__}: {e}", timing)
+                continue
+            self.timed[config] = result
+            self._journal(timing, config, result)
+            self.stats.retimed += 1
+            final.add(config)
+        return frozenset(final)
+
+    # -- one config's steps -------------------------------------------------------------------------
+    def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Launcher]]:
+        """The launchers of ``todo`` that bind and pass the gate; each other config's None goes into ``out``."""
+        settings, own = self.settings, self.own
+        new = [c for c in todo if c not in self.launchers]
+        bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads) if new else {}
+        ready = []
+        for config in todo:
+            launcher = self.launchers[config] if config in self.launchers else bound[config]
+            try:
+                if isinstance(launcher, Exception):
+                    raise launcher
+                if config not in self.launchers and self.gate.ref is not None:
+                    self.in_place.prepare(own, launcher.pre)
+                    why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)
+                    for n, want in self.gate.expected.items():
+                        why = why or mismatch(self.gate.written[n], want, f"in-place argument {n!r}")
+                    if why:
+                        self.rejected.append((config, why))
+                        self._journal(self.mode, config, error=REJECTED + why)
+                        out[config] = None
+                        continue
+            except LaunchSignatureError:  # the call is wrong, not the config
+                raise
+            except Exception as e:  # a failing candidate is skipped, never fatal
+                out[config] = self._fail(config, f"{type(e).__name__}: {e}", self.mode)
+                continue
+            self.launchers[config] = launcher
+            ready.append((config, launcher))
+        return ready
+
+    def _reuse(self, config: Config, m: journal.Measurement) -> float | None:
+        if m.error is not None:
+            if m.error.startswith(REJECTED):
+                self.rejected.append((config, m.error[len(REJECTED):]))
+            else:
+                self.failed.append((config, m.error))
+            return None
+        self.timed[config] = result_of(m)
+        self.reused += 1
+        return m.median_ms
+
+    def _fail(self, config: Config, why: str, timing: str) -> None:
+        self.failed.append((config, why))
+        warn_once(f"flyreg: {self.settings.op}: config {config} failed on spec {self.spec}: {why}")
+        self._journal(timing, config, error=why)
+
+    def _warm(self, ready: list[tuple[Config, Launcher]]) -> None:
+        """Right before timing: the checks may have let the clocks drop."""
+        if not ready or self.device is None:
+            return
+        first = ready[0][1]
+        try:
+            warm_device(lambda: (self.in_place.prepare(self.own, first.pre), first.raw(self.own.args,
+                                                                                       self.own.kwargs)), self.device)
+        except Exception:  # that candidate fails again, and is reported, when its turn comes
+            pass
+
+    def _time(self, launcher: Launcher, scale: int) -> BenchResult:
+        if self._timer is None:
+            self._timer = self._make_timer()
+        return self._timer(launcher, scale)
+
+    def _make_timer(self) -> TimeOne:
+        settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode
+        if mode == "steady":
+            return steady_timer(settings, list(self.launchers.values()), own, self.device, in_place)
+        return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
+
+    def _fall_back(self, e: CaptureError) -> None:
+        op, spec = self.settings.op, self.spec
+        warn_once(f"flyreg: {op}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
+                  f"calls after an L2 flush instead", key=f"no-steady:{op}:{sorted(spec.items())}")
+        self.mode, self._timer = "flushed", None
+
+    # -- the journal ------------------------------------------------------------------------------
+    def _journaled(self, timing: str) -> dict[Config, journal.Measurement]:
+        """What the journal holds under ``timing`` (read once a search); nothing unless resuming."""
+        if self.machine is None or not self.settings.resume:
+            return {}
+        if timing not in self._known:
+            try:
+                self._known[timing] = journal.measured(self.machine.context(self.settings.op, self.spec, timing))
+            except (OSError, sqlite3.Error) as e:
+                warn_once(f"flyreg: could not read the tuning journal: {e}")
+                self._known[timing] = {}
+        return self._known[timing]
+
+    def _journal(self, timing: str, config: Config, result: BenchResult | None = None,
+                 error: str | None = None) -> None:
+        """Append one measurement; a journal that cannot be written warns once and the search goes on."""
+        if self.machine is None:
+            return
+        ctx = self.machine.context(self.settings.op, self.spec, timing)
+        try:
+            if result is not None:
+                journal.record(ctx, config, median_ms=result.median, spread=result.spread, reps=result.reps)
+            else:
+                journal.record(ctx, config, error=error)
+        except (OSError, sqlite3.Error) as e:
+            warn_once(f"flyreg: could not write the tuning journal: {e}")
+            self.machine = None
+
+
+def result_of(m: journal.Measurement) -> BenchResult:
+    """A journaled time as a result: its median, and its spread split evenly around it."""
+    median = float(m.median_ms or 0.0)
+    half = median * float(m.spread or 0.0) / 2
+    return BenchResult(median, median - half, median + half, median - half, median + half, int(m.reps or 1))
+
+
+def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[Config]:
+    """The configs the final round re-times: up to :data:`FINALISTS` within :data:`FINAL_BAND` of the
+    fastest, fastest first, and the default where it was timed; none when that leaves one config."""
+    if len(timed) < 2:
+        return []
+    best = min(r.median for r in timed.values())
+    near = sorted((c for c, r in timed.items() if r.median <= best * (1 + FINAL_BAND)), key=lambda c: timed[c].median)
+    out = near[:FINALISTS]
+    if default in timed and default not in out:
+        out.append(default)
+    return out if len(out) > 1 else []  # one config alone: nothing to rank
