@@ -1,21 +1,21 @@
 """The ``flyreg`` command, driven through its real entry points in fresh interpreters.
 
 Every run is ``python -m flyreg ...`` (or the ``flyreg`` console script next to
-``sys.executable``) with the cache, config and XDG dirs pointed at temporary folders. Two
-fake distributions are made on disk: ``broken-ops`` (its entry point names a module that does
-not exist) and ``sleepy-ops`` (an op whose launches sleep, so a tune can be interrupted).
-Tuning always passes ``--device cpu``, so the suite means the same on a GPU machine.
+``sys.executable``) with the cache, config and XDG dirs pointed at temporary folders, and op
+discovery limited to flyreg's own distribution and the fake ones a test makes
+(``cli_harness.command_env``), so a third-party plugin installed in the same environment changes
+nothing here. Two fake distributions are made on disk: ``broken-ops`` (its entry point names a
+module that does not exist) and ``sleepy-ops`` (an op whose launches sleep, so a tune can be
+interrupted). Tuning always passes ``--device cpu``, so the suite means the same on a GPU machine.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,13 +23,12 @@ from typing import Any
 
 import pytest
 
+from cli_harness import BROKEN_ENTRY_POINTS, command_env, fake_distribution, unrestricted
 from flyreg._artifacts.store import load_artifact
 
 SCRIPT = Path(sys.executable).with_name("flyreg")
 CPU_WORKLOADS = 8  # rmsnorm's default CPU workloads: M in (32, 256) x N in (1024, 4096) x 2 dtypes
 SPEC = "M=32,N=1024,backend=cpu,dtype=float32"
-
-BROKEN_ENTRY_POINTS = "[flyreg.ops]\nbroken_op = flyreg_no_such_module.ops:op\n"
 
 SLEEPY_MODULE = '''
 """An op whose launch sleeps DELAY_MS: a tune that is slow on purpose and easy to interrupt."""
@@ -82,32 +81,16 @@ def describe():
 '''
 
 
-def fake_distribution(site: Path, name: str, entry_points: str, modules: dict[str, str] | None = None) -> Path:
-    """A ``<name>-0.1.dist-info`` (METADATA, entry_points.txt) and its modules under ``site``."""
-    info = site / f"{name.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(entry_points, encoding="utf-8")
-    for rel, text in (modules or {}).items():
-        path = site / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return site
-
-
 class Flyreg:
-    """Runs the command with its own cache/config/XDG dirs; ``env`` adds or overrides variables."""
+    """Runs the command with its own cache/config/XDG dirs, seeing flyreg's own ops and those of the fake
+    distributions in ``sites`` (name -> site dir) only; ``env`` adds or overrides variables."""
 
-    def __init__(self, root: Path, **env: str) -> None:
+    def __init__(self, root: Path, sites: dict[str, Path] | None = None, **env: str) -> None:
         self.root = root
         self.dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
         for d in self.dirs.values():
             d.mkdir(parents=True, exist_ok=True)
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("FLYREG_", "XDG_"))}
-        base.pop("PYTHONPATH", None)
-        self.env = {**base, "FLYREG_CACHE_DIR": str(self.dirs["cache"]), "FLYREG_CONFIG_DIR": str(self.dirs["configs"]),
-                    "XDG_CONFIG_HOME": str(self.dirs["xdg_config"]), "XDG_CACHE_HOME": str(self.dirs["xdg_cache"]),
-                    "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning", **env}
+        self.env = command_env(self.dirs, sites, **env)
 
     def argv(self, args: Sequence[str], script: bool = False) -> list[str]:
         return [str(SCRIPT), *args] if script else [sys.executable, "-m", "flyreg", *args]
@@ -168,7 +151,7 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cmd(tmp_path_factory: pytest.TempPathFactory, broken_site: Path) -> Flyreg:
     """The environment most tests share: flyreg's own ops plus the broken distribution."""
-    return Flyreg(tmp_path_factory.mktemp("cli"), PYTHONPATH=str(broken_site))
+    return Flyreg(tmp_path_factory.mktemp("cli"), {"broken-ops": broken_site})
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +169,18 @@ def test_version_from_the_script_and_the_module(cmd: Flyreg) -> None:
     by_script, by_module = cmd.run("--version", script=True), cmd.run("--version")
     assert by_script.returncode == by_module.returncode == 0
     assert by_script.stdout == by_module.stdout == f"flyreg, version {__version__}\n"
+
+
+def test_runs_see_the_ops_of_flyreg_and_the_named_fakes_and_unrestricted_every_installed_one(cmd: Flyreg) -> None:
+    argv = cmd.argv(["list", "--json", "--device", "cpu"])
+    every, named, bare = [
+        subprocess.run(argv, env=env, cwd=cmd.root, capture_output=True, text=True, timeout=120)
+        for env in (unrestricted(cmd.env), cmd.env, {**Flyreg(cmd.root / "bare").env, "PYTHONPATH": cmd.env["PYTHONPATH"]})]
+    listed = [{row["op"]: row["status"] for row in json.loads(p.stdout)["ops"]} for p in (every, named, bare)]
+    mine = {"broken_op": "broken", "fused_add_rmsnorm": "ok", "rmsnorm": "ok"}
+    assert listed[0].items() >= mine.items()  # and whatever else this environment has installed
+    assert listed[1] == mine
+    assert listed[2] == {"fused_add_rmsnorm": "ok", "rmsnorm": "ok"}  # broken-ops is on PYTHONPATH, not named
 
 
 def test_bare_command_prints_the_usage(cmd: Flyreg) -> None:
@@ -383,7 +378,7 @@ def test_cache_path_and_clear(cmd: Flyreg, tuned: Any) -> None:
 def test_ctrl_c_keeps_finished_artifacts_and_leaves_no_partial_file(tmp_path: Path) -> None:
     site = fake_distribution(tmp_path / "site", "sleepy-ops", "[flyreg.ops]\nsleepy = sleepy_ops\n",
                              {"sleepy_ops/__init__.py": SLEEPY_MODULE})
-    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site))
+    run = Flyreg(tmp_path / "run", {"sleepy-ops": site})
     out = tmp_path / "out"
     proc = run.popen("tune", "sleepy", "--device", "cpu", "--out", str(out))
     deadline = time.monotonic() + 60
@@ -457,7 +452,7 @@ def test_show_names_only_an_artifact_the_runtime_would_serve_and_clear_keeps_use
 def test_a_plugin_that_exits_at_import_never_makes_check_or_list_pass(tmp_path: Path) -> None:
     site = fake_distribution(tmp_path / "site", "exiting-ops", "[flyreg.ops]\nexiting = exiting_ops\n",
                              {"exiting_ops/__init__.py": "import os\nos._exit(0)\n"})
-    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site))
+    run = Flyreg(tmp_path / "run", {"exiting-ops": site})
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "rmsnorm,M=256,N=4096,backend=cpu,dtype=float32,device=x.json").write_text('{"schema": 1, "op": "rms')
@@ -470,7 +465,7 @@ def test_a_plugin_that_exits_at_import_never_makes_check_or_list_pass(tmp_path: 
 def test_a_plugin_that_hangs_at_import_is_listed_as_broken(tmp_path: Path) -> None:
     site = fake_distribution(tmp_path / "site", "hanging-ops", "[flyreg.ops]\nhanging = hanging_ops\n",
                              {"hanging_ops/__init__.py": "import threading\nthreading.Event().wait()\n"})
-    run = Flyreg(tmp_path / "run", PYTHONPATH=str(site), FLYREG_PLUGIN_TIMEOUT="1")
+    run = Flyreg(tmp_path / "run", {"hanging-ops": site}, FLYREG_PLUGIN_TIMEOUT="1")
     start = time.monotonic()
     listed = run.run("list", "--json")
     assert time.monotonic() - start < 60

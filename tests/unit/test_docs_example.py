@@ -1,4 +1,6 @@
-"""docs/plugin_authoring.md cannot rot: its example plugin is executed, discovered, called and tuned."""
+"""The docs' examples cannot rot: docs/plugin_authoring.md's example plugin is executed, discovered,
+called and tuned, and the README's "Using an op" example runs as written (on the CPU; its lines
+marked ``# on a GPU:`` on a GPU)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,7 +25,9 @@ from flyreg._core.keys import identity_of
 from flyreg._artifacts.store import artifact_filename
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugin_authoring.md"
+README = DOC.parents[1] / "README.md"
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
+GPU_MARK = "# on a GPU:"
 
 
 #: Where the page's second example (run by tests/kernels/test_docs_triton_example.py) begins.
@@ -102,8 +107,6 @@ def test_every_python_block_runs(example_module: types.ModuleType, fresh_registr
 def test_example_registered_in_process_is_tuned_and_served_offline(
         example_module: types.ModuleType, fresh_registry: registry.Registry, isolated_dirs: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
     plugin = registry.REGISTRY.plugin("scale_rows")  # discovered from the page's entry point
     assert plugin.obj is example_module
     flyreg.unregister("scale_rows")
@@ -126,3 +129,79 @@ def test_example_registered_in_process_is_tuned_and_served_offline(
     flyreg.register(example_module, name="scale_rows")
     again = flyreg.resolve_spec("scale_rows", spec)
     assert (again.source, again.config, again.path) == ("offline", res.config, res.path)
+
+
+# -- the README's "Using an op" ------------------------------------------------------------------------------
+def readme_example() -> str:
+    section = README.read_text(encoding="utf-8").split("## Using an op\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = [code for tag, code in FENCE.findall(section) if tag == "python"]
+    return code
+
+
+def gpu_version(code: str) -> str:
+    """The example as run on a GPU: ``CODE  # on a GPU: OTHER`` becomes ``OTHER``, and the commented-out
+    lines under a ``# on a GPU: ...`` line are uncommented."""
+    out, uncomment = [], False
+    for line in code.splitlines():
+        if line.startswith(GPU_MARK):
+            uncomment = True
+            continue
+        if uncomment and line.startswith("# "):
+            out.append(line[2:])
+            continue
+        uncomment = False
+        _, mark, other = line.partition(GPU_MARK)
+        out.append(other.strip() if mark else line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def installed_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
+    """A registry of its own (the installed entry points), so the example's tuner state goes with the test."""
+    reg = registry.Registry()
+    monkeypatch.setattr(registry, "REGISTRY", reg)
+    return reg
+
+
+def rms_norm(x: object, w: object) -> torch.Tensor:
+    assert isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+
+
+def test_readme_example_runs_on_the_cpu_as_written(installed_registry: registry.Registry,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code = readme_example()
+    assert all("cuda" not in line.partition("#")[0] for line in code.splitlines())  # GPU parts are comments
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(code, f"{README}:Using an op", "exec"), namespace)
+    x, w, y = namespace["x"], namespace["w"], namespace["y"]
+    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.device.type == y.device.type == "cpu"
+    torch.testing.assert_close(y.float(), rms_norm(x, w), atol=2e-2, rtol=2e-2)
+    by_call, by_spec = capsys.readouterr().out.splitlines()
+    spec = {"M": 256, "N": 4096, "backend": "cpu", "dtype": "bfloat16"}
+    default = installed_registry.plugin("rmsnorm").default(spec)  # nothing is tuned for this CPU here
+    for printed in (by_call, by_spec):
+        assert printed.startswith(f"Resolution(config={default!r}, ") and "origin='default'" in printed
+        assert f"spec={spec!r}" in printed
+
+
+def test_readme_example_gpu_version_is_the_cpu_one_on_cuda() -> None:
+    cpu, gpu = readme_example(), gpu_version(readme_example())
+    compile(gpu, f"{README}:Using an op (GPU)", "exec")
+    assert 'device = "cuda"' in gpu and 'device = "cpu"' not in gpu
+    assert len(gpu.splitlines()) == len(cpu.splitlines()) - 1  # the marker line goes, the GPU line is uncommented
+    assert gpu.count("print(") == cpu.count("print(") == 3
+
+
+@pytest.mark.gpu
+def test_readme_example_runs_on_a_gpu(installed_registry: registry.Registry, capsys: pytest.CaptureFixture[str]) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(gpu_version(readme_example()), f"{README}:Using an op (GPU)", "exec"), namespace)
+    x, w, y = namespace["x"], namespace["w"], namespace["y"]
+    assert isinstance(y, torch.Tensor) and y.device.type == "cuda"
+    torch.testing.assert_close(y.float(), rms_norm(x, w), atol=2e-2, rtol=2e-2)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and "'backend': 'triton'" in printed[0] and "'backend': 'triton'" in printed[2]

@@ -1,0 +1,94 @@
+"""What the CLI tests share: a controlled environment, fake distributions, and a command server.
+
+Every run sees only the ``flyreg.ops`` entry points of flyreg itself and of the fake
+distributions a test names (``only_plugins/sitecustomize.py``, through PYTHONPATH and
+``_FLYREG_TEST_DISTRIBUTIONS``), so a plugin installed in the same environment never changes a
+result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+SERVER = Path(__file__).with_name("command_server.py")
+ONLY_PLUGINS = Path(__file__).with_name("only_plugins")  # its sitecustomize.py limits op discovery
+ONLY_PLUGINS_VARIABLE = "_FLYREG_TEST_DISTRIBUTIONS"
+IN_TREE = "flyreg"  # the distribution of flyreg's own ops
+
+BROKEN_ENTRY_POINTS = "[flyreg.ops]\nbroken_op = flyreg_no_such_module.ops:op\n"
+
+#: Variables that would change what the command prints (colour, terminal size, a GPU, flyreg's own).
+_DROPPED = ("FLYREG_", "_FLYREG_", "XDG_", "FORCE_COLOR", "NO_COLOR", "CLICOLOR", "TTY_", "JUPYTER_", "COLUMNS", "LINES",
+            "TERM", "PYTHONPATH", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "TRITON_INTERPRET")
+
+
+def fake_distribution(site: Path, name: str, entry_points: str, modules: dict[str, str] | None = None) -> Path:
+    """A ``<name>-0.1.dist-info`` (METADATA, entry_points.txt) and its modules under ``site``."""
+    info = site / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(entry_points, encoding="utf-8")
+    for rel, text in (modules or {}).items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return site
+
+
+def command_env(dirs: Mapping[str, Path], sites: Mapping[str, Path] | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment less what changes the output, with flyreg's dirs (``cache``, ``configs``,
+    ``xdg_config``, ``xdg_cache``), and op discovery limited to flyreg's own ops and the fake
+    distributions ``sites`` (name -> the dir holding its dist-info) puts on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}
+    env.update({
+        "FLYREG_CACHE_DIR": str(dirs["cache"]), "FLYREG_CONFIG_DIR": str(dirs["configs"]),
+        "XDG_CONFIG_HOME": str(dirs["xdg_config"]), "XDG_CACHE_HOME": str(dirs["xdg_cache"]),
+        "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning", "PYTHONIOENCODING": "utf-8",
+        "PYTHONPATH": os.pathsep.join(str(p) for p in (ONLY_PLUGINS, *(sites or {}).values())),
+        ONLY_PLUGINS_VARIABLE: ",".join([IN_TREE, *(sites or {})]),
+    })
+    env.update(extra)
+    return env
+
+
+def unrestricted(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with every installed op visible again."""
+    return {k: v for k, v in env.items() if k != ONLY_PLUGINS_VARIABLE}
+
+
+class CommandServer:
+    """A ``command_server.py`` process: each command is a fork of one interpreter that already imported
+    torch, so a run costs milliseconds instead of a fresh interpreter's seconds. ``env`` is a
+    ``command_env`` (its PYTHONPATH is the server's for good)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(SERVER)], env={**env, "PYTHONUNBUFFERED": "1"},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, output: Path,
+            interrupt: tuple[int, Path] | None = None) -> int:
+        """Run ``flyreg ARGV`` in ``env`` (a ``command_env``); its stdout and stderr, interleaved, land in
+        ``output``; returns its exit status."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        request: dict[str, Any] = {"argv": list(argv), "dists": env[ONLY_PLUGINS_VARIABLE].split(","),
+                                   "env": {**env, "PYTHONUNBUFFERED": "1"}, "cwd": str(cwd), "output": str(output)}
+        if interrupt is not None:
+            request["interrupt"] = [interrupt[0], str(interrupt[1])]
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the command server exited (status {self.proc.wait()})")
+        return int(json.loads(answer)["code"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)

@@ -1,0 +1,260 @@
+"""docs/cli.md cannot drift: every example on it is run, and must print what the page shows.
+
+After a change to what the command prints, update the page with one command:
+
+    FLYREG_REGEN_DOCS=1 python -m pytest -q tests/cli/test_cli_docs.py
+
+It rewrites the output of every example in docs/cli.md in place (keeping each ``...`` cut where
+it is) and passes; review the result with ``git diff docs/cli.md``. Without the variable, the
+test fails with the diff between the page and what the commands print now. To add an example,
+write its ```console block with just its ``$ `` lines (and a ``...`` line under a command whose
+output should be cut there) and run the same command.
+
+An example is a ```console block whose lines starting with ``$ `` are commands (the format, and
+the ``<!-- docs-test: ... -->`` directives that set a block up, are in ``doc_examples.py``).
+Each block runs in a session: a fresh working directory, shown as ``/tmp/flyreg-demo``, with
+``FLYREG_CONFIG_DIR=/tmp/flyreg-demo/configs``, ``FLYREG_CACHE_DIR=/tmp/flyreg-demo/cache``,
+the XDG dirs elsewhere, no GPU visible (``CUDA_VISIBLE_DEVICES=""``), ``COLUMNS=100``, and
+only flyreg's own ops plus the fake distributions the block names (``broken-ops``), whatever
+else is installed. ``flyreg`` commands run as forks of one interpreter that imported torch
+already (``command_server.py``), which is what keeps this test fast; any other command runs
+in bash. stdout and stderr are shown interleaved, as a terminal shows them.
+
+What varies from run to run or machine to machine is normalized, and the page shows:
+
+- ``/tmp/flyreg-demo`` for the session's directory, and ``<flyreg>/offline_configs`` for the
+  artifacts shipped inside the installed flyreg;
+- ``CPU_NAME`` and ``cpu-ARCH`` for this machine's device name and architecture;
+- ``<winner>``, ``<time>`` and ``<speedup>`` in the tune summary's timing columns, the table
+  laid out again for the new widths (rich's titles are centred again too; a table whose folded
+  cells change is shown unfolded, one line a row);
+- ``-:--:--`` for the progress bar's elapsed and remaining times, ``<seconds>`` for a tune's
+  wall time, ``<date>`` for a timestamp and ``.corrupt-<time>`` for a moved-aside file's suffix;
+- no trailing spaces, and no blank lines at the end of an output.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import queue
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from cli_harness import BROKEN_ENTRY_POINTS, CommandServer, command_env, fake_distribution
+from doc_examples import Example, examples, normalize, rewrite
+from flyreg._artifacts.store import artifact_filename, shipped_config_dir
+from flyreg._core.keys import DeviceIdentity, identity_of
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+REGEN = os.environ.get("FLYREG_REGEN_DOCS") == "1"
+SHOWN_DIR = "/tmp/flyreg-demo"
+SHOWN_SHIPPED = "<flyreg>/offline_configs"
+FAKE_DISTRIBUTIONS = {"broken-ops": BROKEN_ENTRY_POINTS}
+ATTEMPTS = 3  # an interrupted example runs again (at most this often) when SIGINT landed past the next job
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or shutil.which("bash") is None,
+                                reason="the examples run in forked interpreters and bash")
+
+
+def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
+    """The substitutions of the module docstring, for a session in ``demo`` on device ``ident``."""
+    name = re.escape(ident.name)
+    shipped = shipped_config_dir()
+    rules = [
+        *([(re.escape(str(shipped)), SHOWN_SHIPPED)] if shipped is not None else []),
+        (re.escape(str(demo)), SHOWN_DIR),
+        (re.escape(ident.arch), "cpu-ARCH"),
+        (rf"(?<=device_name=){name}(?![\w-])|{name}(?= \(cpu-ARCH\)|, cpu-ARCH)|(?<=\"name\": \"){name}(?=\")",
+         "CPU_NAME"),
+        (r"\b\d+:\d\d:\d\d\b", "-:--:--"),
+        (r"^(cost: .*, )\d+(?:\.\d+)? s$", r"\1<seconds> s"),
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?", "<date>"),
+        (r"\.corrupt-\d+", ".corrupt-<time>"),
+    ]
+    compiled = [(re.compile(pattern), to) for pattern, to in rules]
+
+    def replace(text: str) -> str:
+        for pattern, to in compiled:
+            text = pattern.sub(to, text)
+        return text
+
+    return replace
+
+
+# -- named files a block can ask for ------------------------------------------------------------------------
+def bad_artifacts(demo: Path) -> None:
+    """``bad/``: from the first rmsnorm artifact in ``configs/``, a copy cut after three lines, a copy saved under
+    another spec's name, a backup copy, a hand-edited config the op does not offer (under another
+    spec), and the same artifact as one of ``fused_add_rmsnorm``."""
+    source = min((demo / "configs").glob("rmsnorm,*.json"))
+    text = source.read_text(encoding="utf-8")
+    data = json.loads(text)
+    device, bad = data["device"]["name"], demo / "bad"
+    bad.mkdir()
+
+    def save(content: dict[str, Any]) -> None:
+        (bad / artifact_filename(content["op"], content["spec"], device)).write_text(json.dumps(content, indent=2))
+
+    (bad / source.name).write_text("\n".join(text.splitlines()[:3]), encoding="utf-8")  # cut after the hints
+    other = {**data["spec"], "M": data["spec"]["M"] * 2}
+    (bad / artifact_filename("rmsnorm", other, device)).write_text(text, encoding="utf-8")
+    (bad / "rmsnorm-backup.json").write_text(text, encoding="utf-8")
+    save({**data, "spec": {**data["spec"], "N": data["spec"]["N"] * 2},
+          "config": {"kwargs": {"ROW_BLOCK": 7}, "hints": {}}})
+    save({**data, "op": "fused_add_rmsnorm"})
+
+
+FILES: dict[str, Callable[[Path], None]] = {"bad-artifacts": bad_artifacts}
+
+
+# -- running the page ---------------------------------------------------------------------------------------
+@attrs.define
+class Session:
+    """Where a chain of examples runs: ``root/flyreg-demo`` is the working directory."""
+
+    root: Path
+    plugins: tuple[str, ...]
+    sites: dict[str, Path]  # every fake distribution's site, by name
+
+    @property
+    def demo(self) -> Path:
+        return self.root / "flyreg-demo"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        dirs = {"cache": self.demo / "cache", "configs": self.demo / "configs",
+                "xdg_config": self.root / "xdg_config", "xdg_cache": self.root / "xdg_cache"}
+        sites = {name: site for name, site in self.sites.items() if name in self.plugins}
+        return command_env(dirs, sites, CUDA_VISIBLE_DEVICES="", COLUMNS="100", LINES="40", **extra)
+
+
+@attrs.define
+class PageRun:
+    """Runs chains of examples (a fresh session and the examples that continue it) on command servers."""
+
+    tmp: Path
+    sites: dict[str, Path]
+    servers: queue.Queue[CommandServer]
+    ident: DeviceIdentity
+
+    def command(self, session: Session, server: CommandServer, line: str,
+                interrupt: tuple[int, str] | None = None) -> tuple[list[str], int]:
+        """Run one command line; its normalized output lines and exit status."""
+        words = shlex.split(line)
+        assigned = {}
+        while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+            key, _, value = words.pop(0).partition("=")
+            assigned[key] = value
+        env = session.env(**assigned)
+        output = session.root / "output.txt"
+        if words[:1] == ["flyreg"]:
+            if set(words) & {"|", ">", "<", "&&", ";", "&"}:
+                raise ValueError(f"a flyreg example runs without a shell: {line!r}")
+            stop = (interrupt[0], session.demo / interrupt[1]) if interrupt else None
+            code = server.run(words[1:], env=env, cwd=session.demo, output=output, interrupt=stop)
+            text = output.read_text(encoding="utf-8")
+        else:
+            proc = subprocess.run(["bash", "-c", line], cwd=session.demo, env={**env, "LC_ALL": "C"}, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+            code, text = proc.returncode, proc.stdout
+        return normalize(text, replacer(session.demo, self.ident)), code
+
+    def interrupted(self, session: Session, server: CommandServer, line: str,
+                    interrupt: tuple[int, str]) -> tuple[list[str], int]:
+        """Run ``line`` until SIGINT stopped it right after the N-th artifact, as the page shows it."""
+        count, directory = interrupt
+        for _ in range(ATTEMPTS):
+            shutil.rmtree(session.demo / directory, ignore_errors=True)
+            output, code = self.command(session, server, line, interrupt)
+            if any(re.match(rf"{count} tuned, ", out) for out in output):
+                return output, code
+        raise AssertionError(f"{line!r}: SIGINT never stopped it after {count} artifacts:\n" + "\n".join(output))
+
+    def chain(self, index: int, chain: list[Example]) -> list[tuple[Example, str]]:
+        """Run the examples of one session in order; each with its new body."""
+        server = self.servers.get()
+        try:
+            session = Session(self.tmp / f"session{index}", chain[0].plugins, self.sites)
+            session.demo.mkdir(parents=True)
+            done = []
+            for example in chain:
+                for kind, value in example.setup:
+                    if kind == "files":
+                        FILES[value](session.demo)
+                        continue
+                    output, code = self.command(session, server, value)
+                    assert code == 0, f"setup {value!r} exited {code}:\n" + "\n".join(output)
+                runs = []
+                for i, command in enumerate(example.commands):
+                    if i == 0 and example.interrupt is not None:
+                        runs.append(self.interrupted(session, server, command.line, example.interrupt))
+                    else:
+                        runs.append(self.command(session, server, command.line))
+                done.append((example, example.body(runs)))
+            return done
+        finally:
+            self.servers.put(server)
+
+
+def chains(found: list[Example]) -> list[list[Example]]:
+    """The examples grouped by session: each fresh one with those that continue it."""
+    grouped: list[list[Example]] = []
+    for example in found:
+        if example.fresh:
+            grouped.append([example])
+        else:
+            grouped[-1].append(example)
+    return grouped
+
+
+@pytest.fixture(scope="module")
+def page_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[tuple[Example, str]]]]:
+    """The page as it is, and every example with the body its commands print now."""
+    page = PAGE.read_text(encoding="utf-8")
+    grouped = chains(examples(page))
+    tmp = tmp_path_factory.mktemp("cli-docs")
+    sites = {name: fake_distribution(tmp / "sites" / name, name, entry_points)
+             for name, entry_points in FAKE_DISTRIBUTIONS.items()}
+    workers = max(1, min(len(grouped), os.cpu_count() or 1, 4))
+    server_env = Session(tmp / "server", tuple(sites), sites).env()  # every fake site on the servers' sys.path
+    servers: queue.Queue[CommandServer] = queue.Queue()
+    for _ in range(workers):
+        servers.put(CommandServer(server_env))
+    try:
+        run = PageRun(tmp, sites, servers, identity_of(None))
+        with ThreadPoolExecutor(workers) as pool:
+            bodies = [pair for done in pool.map(run.chain, range(len(grouped)), grouped) for pair in done]
+    finally:
+        while not servers.empty():
+            servers.get().close()
+    yield page, bodies
+
+
+def test_every_console_block_is_a_runnable_example() -> None:
+    page = PAGE.read_text(encoding="utf-8")
+    assert page.count("```console\n") == len(examples(page)) >= 10
+    for example in examples(page):
+        assert all(command.line.startswith(("flyreg ", "FLYREG_", "ls ")) for command in example.commands), example
+        assert all(not line.startswith("$ ") for command in example.commands for line in command.shown)
+
+
+def test_page_shows_what_its_commands_print(page_run: tuple[str, list[tuple[Example, str]]]) -> None:
+    page, bodies = page_run
+    new = rewrite(page, bodies)
+    if REGEN and new != page:
+        PAGE.write_text(new, encoding="utf-8")
+        return
+    diff = "".join(difflib.unified_diff(page.splitlines(True), new.splitlines(True), "docs/cli.md (page)",
+                                        "docs/cli.md (commands now)"))
+    assert new == page, f"docs/cli.md differs from what its examples print; to update it run\n" \
+                        f"  FLYREG_REGEN_DOCS=1 python -m pytest -q {Path(__file__).relative_to(PAGE.parents[1])}\n{diff}"
