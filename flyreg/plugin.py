@@ -1,4 +1,4 @@
-"""What a kernel plugin imports: the hook markers, the config type, the op record and the plugin errors.
+"""What a kernel plugin imports: the hook markers, the config type, the op and launch records, the plugin errors.
 
 This module and ``flyreg.__all__`` are flyreg's whole public API; everything under a
 ``flyreg._*`` package is internal. See ``docs/plugin_authoring.md``.
@@ -9,9 +9,10 @@ from __future__ import annotations
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
 from flyreg._core.keys import SpecError
+from flyreg._core.launch import Launch
 from flyreg._plugins.hookspecs import hookimpl, hookspec
 from flyreg._plugins.manager import HookError, PluginError
 from flyreg._plugins.record import Axis, OpRecord, RecordError
 
-__all__ = ["Axis", "Config", "FlyregWarning", "HookError", "JSONScalar", "OpRecord", "PluginError", "RecordError",
+__all__ = ["Axis", "Config", "FlyregWarning", "HookError", "JSONScalar", "Launch", "OpRecord", "PluginError", "RecordError",
            "SpecError", "hookimpl", "hookspec"]

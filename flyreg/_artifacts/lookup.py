@@ -43,7 +43,7 @@ class OfflineStore:
         self.only = [Path(d) for d in only] if only is not None else None
 
     def dirs(self) -> list[Path]:
-        """Lookup order: FLYREG_CONFIG_DIR entries, the user's dir, plugin dirs, then the shipped dir."""
+        """Lookup order: FLYREG_CONFIG_DIR entries, the user's dir, then the plugin dirs."""
         return list(self.only) if self.only is not None else lookup_dirs(self.plugin_dirs)
 
     def forget_index(self) -> None:

@@ -6,8 +6,6 @@ An artifact is one JSON file per (op, spec, device), named by its identity
 from __future__ import annotations
 
 import datetime
-import functools
-import importlib.util
 import json
 import math
 import os
@@ -29,7 +27,7 @@ from flyreg._version import __version__
 
 __all__ = ["MAX_ARTIFACT_BYTES", "SCHEMA", "Artifact", "ArtifactError", "artifact_filename", "canonical_spec",
            "emit_artifact", "emit_dir", "env_config_dirs", "index", "load_artifact", "lookup_dirs", "parse_filename",
-           "shipped_config_dir", "user_config_dir"]
+           "user_config_dir"]
 
 SCHEMA = 1
 MAX_ARTIFACT_BYTES = 1 << 20
@@ -51,23 +49,9 @@ def env_config_dirs() -> list[Path]:
     return list(settings.current().config_dirs)
 
 
-@functools.lru_cache(maxsize=1)
-def shipped_config_dir() -> Path | None:
-    """The artifacts shipped inside the installed flyreg package."""
-    try:
-        spec = importlib.util.find_spec("flyreg.offline_configs")
-    except ImportError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    tree = Path(__file__).resolve().parent.parent / "offline_configs"
-    return tree if tree.is_dir() else None
-
-
 def lookup_dirs(plugin_dirs: Iterable[Path] = ()) -> list[Path]:
-    """Lookup order: FLYREG_CONFIG_DIR entries, the user's dir, ``plugin_dirs``, then the shipped dir."""
-    shipped = shipped_config_dir()
-    found = [*env_config_dirs(), user_config_dir(), *plugin_dirs, *([shipped] if shipped else [])]
+    """Lookup order: FLYREG_CONFIG_DIR entries, the user's dir, then ``plugin_dirs`` (the ops' own artifacts)."""
+    found = [*env_config_dirs(), user_config_dir(), *plugin_dirs]
     return list(dict.fromkeys(found))
 
 

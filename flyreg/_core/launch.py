@@ -7,6 +7,8 @@ import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
+
 from flyreg._core.config import Config
 
 
@@ -15,6 +17,46 @@ class LaunchSignatureError(TypeError):
 
 
 ArgsFn = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+#: ``bind(args, kwargs)``: the launcher specialized to one call signature.
+BindFn = Callable[[tuple[Any, ...], dict[str, Any]], Callable[..., Any]]
+
+
+def _callable(field: str, optional: bool) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, __: Any, value: Any) -> None:
+        if not callable(value) and not (optional and value is None):
+            raise TypeError(f"Launch {field} must be a callable{' or None' if optional else ''}, "
+                            f"got {type(value).__name__}")
+
+    return check
+
+
+@attrs.frozen
+class Launch:
+    """What a ``build`` hook may return instead of a plain launch callable.
+
+    ``launch(*args, **kwargs)`` launches any call. ``bind(args, kwargs)``, when given, is called
+    once per call signature (tensor dtypes, shapes, strides and devices, and the other
+    arguments' values) with the call's arguments, its keywords plus the compiler hints
+    ``launch`` takes; it returns the launcher flyreg then calls with the call's own arguments
+    only, so validation, grid arithmetic and compiling stay off the steady-state call. A search
+    calls ``bind`` for its candidates from several threads at once. Calling the record calls
+    ``launch``.
+    """
+
+    launch: Callable[..., Any] = attrs.field(validator=_callable("launch", optional=False))
+    bind: BindFn | None = attrs.field(default=None, validator=_callable("bind", optional=True))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.launch(*args, **kwargs)
+
+
+def launch_parts(built: Callable[..., Any]) -> tuple[Callable[..., Any], BindFn | None]:
+    """(launch, bind) of what ``build`` returned: a :class:`Launch`, or a plain callable, whose
+    ``bind`` attribute (the older protocol) is still honoured."""
+    if isinstance(built, Launch):
+        return built.launch, built.bind
+    legacy = getattr(built, "bind", None)
+    return built, legacy if callable(legacy) else None
 
 
 def arg_name(arg_names: Sequence[str], i: int) -> str:
@@ -66,19 +108,18 @@ def _params(launch: Callable[..., Any]) -> tuple[int | None, set[str] | None]:
     return n_pos, names
 
 
-def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tuple[Any, ...],
+def bind_launcher(op: str, built: Callable[..., Any], config: Config, args: tuple[Any, ...],
                   kwargs: dict[str, Any], arg_names: Sequence[str], reset_to_zero: Sequence[str]) -> Launcher:
     """Bind ``config`` to ``launch`` for calls shaped like ``(args, kwargs)``.
 
-    Call keywords and compiler hints are passed only where ``launch`` takes them. A positional
-    argument beyond what ``launch`` takes is a build-only scalar passed by position: rejected.
-    When ``launch`` has a ``bind(args, kwargs)`` attribute, it is called here, once per call
-    signature, with the call's keywords plus the config's compiler hints that ``launch`` takes,
-    and what it returns launches instead, with the call's own arguments only: a launcher
-    specialized to calls whose tensors have these dtypes, shapes, strides and devices and whose
-    other arguments have these values (validation, launch-grid arithmetic and compiling done
-    once, off the steady-state path).
+    ``built`` is what ``build`` returned (see :func:`launch_parts`). Call keywords and compiler
+    hints are passed only where ``launch`` takes them. A positional argument beyond what
+    ``launch`` takes is a build-only scalar passed by position: rejected. With a ``bind``, it is
+    called here, once per call signature, with the call's keywords plus the config's compiler
+    hints that ``launch`` takes, and what it returns launches instead, with the call's own
+    arguments only.
     """
+    launch, specialize_to = launch_parts(built)
     n_pos, names = _params(launch)
     if n_pos is not None and len(args) > n_pos:
         i = n_pos
@@ -89,11 +130,10 @@ def bind_launcher(op: str, launch: Callable[..., Any], config: Config, args: tup
         )
     drop = frozenset() if names is None else frozenset(k for k in kwargs if k not in names)
     extra = {k: v for k, v in config.hints.items() if (names is None or k in names) and k not in kwargs}
-    specialize_to = getattr(launch, "bind", None)
-    if callable(specialize_to):
+    if specialize_to is not None:
         launch = specialize_to(args, {**{k: v for k, v in kwargs.items() if k not in drop}, **extra})
         if not callable(launch):
-            raise TypeError(f"{op}: the launch callable's bind() must return a callable, got {type(launch).__name__}")
+            raise TypeError(f"{op}: the launch's bind() must return a callable, got {type(launch).__name__}")
         extra = {}  # bound in: the bound launcher takes the call's own arguments only
     positions = {n: i for i, n in enumerate(arg_names)}
     reset_pos = tuple(positions[n] for n in reset_to_zero if n in positions and positions[n] < len(args))

@@ -50,16 +50,17 @@ def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, JSONS
 
 @hookspec(firstresult=True)
 def build(config: Config, spec: dict[str, JSONScalar]) -> Callable[..., Any]:
-    """Return the launch callable for ``config`` on ``spec``.
+    """Return the launch for ``config`` on ``spec``: a plain callable, or a :class:`flyreg.plugin.Launch`.
 
     Called once per (op, structural knobs, spec) in the process: the build cache shared by
     every tuner keeps the result. The launch callable receives the call's arguments plus each
-    compiler hint of the config whose name it takes as a keyword. It may carry a
-    ``bind(args, kwargs)`` attribute: flyreg then calls it once per call signature (tensor
-    dtypes, shapes, strides, devices and other argument values), with the call's keywords plus
-    those hints, and launches what it returns with the call's own arguments, so validation,
-    launch arithmetic and compiling stay off the steady-state call. A search calls ``bind`` for
-    its candidates from several threads at once.
+    compiler hint of the config whose name it takes as a keyword. A ``Launch(launch, bind)``
+    adds ``bind(args, kwargs)``: flyreg calls it once per call signature (tensor dtypes,
+    shapes, strides, devices and other argument values), with the call's keywords plus those
+    hints, and launches what it returns with the call's own arguments, so validation, launch
+    arithmetic and compiling stay off the steady-state call. A search calls ``bind`` for its
+    candidates from several threads at once. (A ``bind`` attribute set on a plain callable is
+    read the same way, for plugins written before the record.)
 
     Example::
 
@@ -159,12 +160,16 @@ def describe() -> OpRecord | Mapping[str, Any]:
     ``arg_names`` (names of the positional arguments), ``restore_value`` and ``reset_to_zero``
     (argument names of tensors the kernel updates in place), ``axes`` (the spec axes, each a
     :class:`flyreg.plugin.Axis`: every spec is checked against them), ``ordered_axes`` (spec axes
-    for nearest lookup, for an op that declares no ``axes``), ``config_dir`` (a directory of
-    shipped artifacts), ``key_env`` (environment variables whose values invalidate cached
-    configs), ``timing`` (how a search on a GPU times candidates: ``"steady"``, the default,
+    for nearest lookup, for an op that declares no ``axes``), ``config_dir`` (the directory of
+    the artifacts the plugin ships, e.g. ``Path(__file__).parent / "configs"``), ``key_env``
+    (environment variables whose values invalidate cached configs), ``timing`` (how a search on a GPU times candidates: ``"steady"``, the default,
     ``"flushed"`` for kernels that cannot be captured in a CUDA graph, or ``"graph"``),
     ``strategy`` (the search strategy preferred for a large config space, ``"exhaustive"`` or
-    ``"local"``; None lets flyreg choose).
+    ``"local"``; None lets flyreg choose),
+    ``torch_schema`` (the op's torch schema without its name, registered as
+    ``torch.ops.flyreg.<op>`` by :mod:`flyreg.torch`), ``output_like`` (the argument the one
+    output is shaped like, for its fake implementation) or ``torch_fake`` (the fake
+    implementation itself).
 
     A dict of these fields (``axes`` aside) is accepted too, as before the record; any other key
     is an error. Called once, when the op is loaded.

@@ -20,6 +20,7 @@ import attrs
 from flyreg._artifacts.names import canonical_value
 from flyreg._core.config import JSONScalar
 from flyreg._core.keys import SpecError
+from flyreg._plugins.schema import Schema, SchemaError, mark_mutated, parse_schema
 from flyreg._search.bench import TIMINGS
 from flyreg._search.strategy import STRATEGIES
 
@@ -200,6 +201,13 @@ class OpRecord:
     :data:`flyreg._search.strategy.STRATEGIES`); None lets flyreg choose.
     ``ordered_axes`` is for an op that declares no ``axes``; otherwise it is derived from the
     axes' ``ordered`` flags. ``restore_value`` and ``reset_to_zero`` must be among ``arg_names``.
+
+    ``torch_schema`` (``"(Tensor x, Tensor weight, float eps=1e-06) -> Tensor"``, no op name)
+    makes the op ``torch.ops.flyreg.<op>`` (see :mod:`flyreg.torch`); the in-place arguments are
+    marked mutated in it from ``restore_value`` and ``reset_to_zero``. Its fake (meta)
+    implementation is ``torch_fake`` (a function of the op's arguments returning empty outputs),
+    or derived from ``output_like``: the name of the Tensor argument whose shape, dtype and
+    device the one output has. A schema returning ``()`` needs neither.
     """
 
     description: str = attrs.field(default="", converter=_text("description", ""))
@@ -214,6 +222,9 @@ class OpRecord:
     key_env: tuple[str, ...] = attrs.field(default=(), converter=_names("key_env"))
     timing: str = "steady"
     strategy: str | None = None
+    torch_schema: str | None = None
+    torch_fake: Callable[..., Any] | None = None
+    output_like: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.timing not in TIMINGS:
@@ -221,6 +232,7 @@ class OpRecord:
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise RecordError(f"strategy must be one of {sorted(STRATEGIES)} (or None: flyreg chooses), "
                               f"got {self.strategy!r}")
+        self._check_torch()
         names = [a.name for a in self.axes]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -239,6 +251,42 @@ class OpRecord:
             if missing:
                 raise RecordError(f"{field} names arguments {missing} that are not in arg_names "
                                   f"{list(self.arg_names or ())}")
+
+    def _check_torch(self) -> None:
+        if self.torch_schema is None:
+            extra = [f for f in ("torch_fake", "output_like") if getattr(self, f) is not None]
+            if extra:
+                raise RecordError(f"{' and '.join(extra)} describe a torch op, but no torch_schema is given")
+            return
+        schema = self.schema()
+        assert schema is not None
+        if self.arg_names is not None and schema.names[:len(self.arg_names)] != self.arg_names:
+            raise RecordError(f"torch_schema's arguments {list(schema.names)} must begin with arg_names "
+                              f"{list(self.arg_names)}, in order")
+        if self.torch_fake is not None and not callable(self.torch_fake):
+            raise RecordError(f"torch_fake must be a function of the op's arguments, got {self.torch_fake!r}")
+        if self.output_like is not None:
+            like = schema.arg(self.output_like) if isinstance(self.output_like, str) else None
+            if like is None or not like.is_tensor:
+                raise RecordError(f"output_like must name a Tensor argument of torch_schema "
+                                  f"{[a.name for a in schema.args if a.is_tensor]}, got {self.output_like!r}")
+            if self.torch_fake is not None:
+                raise RecordError("give torch_fake or output_like, not both")
+            if schema.returns.replace(" ", "") != "Tensor":
+                raise RecordError(f"output_like derives one new Tensor; torch_schema returns {schema.returns!r}: "
+                                  f"give a torch_fake instead")
+        elif self.torch_fake is None and not schema.returns_nothing:
+            raise RecordError(f"torch_schema returns {schema.returns!r}: give output_like (the argument the output "
+                              f"is shaped like) or a torch_fake")
+
+    def schema(self) -> Schema | None:
+        """The parsed ``torch_schema`` with its in-place arguments marked mutated; None without one."""
+        if self.torch_schema is None:
+            return None
+        try:
+            return mark_mutated(parse_schema(self.torch_schema), (*self.restore_value, *self.reset_to_zero))
+        except SchemaError as e:
+            raise RecordError(str(e)) from None
 
     @classmethod
     def of(cls, raw: object) -> OpRecord:

@@ -60,6 +60,7 @@ class _Entry:
     tuner: Autotuner | None = None
     loaded: bool = False
     loading: threading.Event | None = None
+    announced: bool = False  # the watchers have been told it loaded
 
 
 def plugin_load_timeout() -> float:
@@ -98,6 +99,24 @@ class Registry:
         self._source = entry_points if entry_points is not None else _group_entry_points
         self._entries: dict[str, _Entry] | None = None
         self._lock = threading.RLock()
+        self._watchers: list[tuple[Callable[[str, OpPlugin], None], Callable[[str], None]]] = []
+
+    def watch(self, on_load: Callable[[str, OpPlugin], None], on_unload: Callable[[str], None]) -> None:
+        """Call ``on_load(name, plugin)`` when an op first loads (or is registered in-process) from now
+        on, and ``on_unload(name)`` when such an op is unregistered; each in the caller's thread."""
+        with self._lock:
+            self._watchers.append((on_load, on_unload))
+
+    def _announce(self, entry: _Entry) -> None:
+        if entry.announced or entry.plugin is None:
+            return
+        with self._lock:
+            if entry.announced:
+                return
+            entry.announced = True
+            watchers = list(self._watchers)
+        for on_load, _ in watchers:
+            on_load(entry.name, entry.plugin)
 
     def _discover(self) -> dict[str, _Entry]:
         with self._lock:
@@ -178,6 +197,7 @@ class Registry:
             self._check_free(entries, name)
             _forget_builds(name)  # a previous op of this name may have left launch callables
             entries[name] = entry
+        self._announce(entry)
 
     @staticmethod
     def _check_free(entries: dict[str, _Entry], name: str) -> None:
@@ -195,8 +215,11 @@ class Registry:
         with self._lock:
             if name not in entries:
                 raise self._unknown(name)
-            del entries[name]
+            entry = entries.pop(name)
             _forget_builds(name)
+            watchers = list(self._watchers) if entry.announced else []
+        for _, on_unload in watchers:
+            on_unload(name)
 
     def disabled(self) -> frozenset[str]:
         """The ops ``FLYREG_DISABLE_OPS`` names; warns once about each set of names no registered op has."""
@@ -232,6 +255,7 @@ class Registry:
         self._load(entry)
         if entry.plugin is None:
             raise OpUnavailableError(f"op {name!r} ({entry.distribution}) is broken: {entry.error}")
+        self._announce(entry)
         return entry.plugin
 
     def tuner(self, name: str) -> Autotuner:

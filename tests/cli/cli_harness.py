@@ -20,7 +20,7 @@ from typing import Any
 SERVER = Path(__file__).with_name("command_server.py")
 ONLY_PLUGINS = Path(__file__).with_name("only_plugins")  # its sitecustomize.py limits op discovery
 ONLY_PLUGINS_VARIABLE = "_FLYREG_TEST_DISTRIBUTIONS"
-IN_TREE = "flyreg"  # the distribution of flyreg's own ops
+IN_TREE = "flyreg-rmsnorm"  # the distribution of the in-tree ops
 
 BROKEN_ENTRY_POINTS = "[flyreg.ops]\nbroken_op = flyreg_no_such_module.ops:op\n"
 

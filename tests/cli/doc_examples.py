@@ -169,8 +169,11 @@ def _table(lines: list[str], replace: Callable[[str], str]) -> list[str]:
     raw_header = _cells(box[1], "┃")
     right = [any(c[1:-1].startswith(" ") and c.strip() for c in column) for column in zip(raw_header, *raw_rows)]
     header, physical = [c.strip() for c in raw_header], [[c.strip() for c in row] for row in raw_rows]
-    if _render_table(title, header, physical, right) != [line.rstrip() for line in lines]:
-        raise AssertionError("rich draws tables differently now: update _render_table\n" + "\n".join(lines))
+    drawn, shown = _render_table(title, header, physical, right), [line.rstrip() for line in lines]
+    if title is not None:  # rich rounds a centred title's odd spare column either way
+        drawn, shown = [drawn[0].strip(), *drawn[1:]], [shown[0].strip(), *shown[1:]]
+    if drawn != shown:  # a layout this re-drawing does not reproduce: shown as printed, each line replaced
+        return [replace(line).rstrip() for line in lines]
     masks = [MASKED_COLUMNS.get(h) for h in header]
     rows = _unfolded(raw_rows)
     changed = [[m if m and c else replace(c) for c, m in zip(row, masks)] for row in rows]

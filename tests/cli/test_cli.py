@@ -239,7 +239,7 @@ def test_list_shows_the_broken_plugin_and_the_others_ok(cmd: Flyreg, tuned: Any)
     assert (broken["status"], broken["distribution"], broken["version"]) == ("broken", "broken-ops", "0.1")
     assert "flyreg_no_such_module" in broken["error"]
     rms = ops["rmsnorm"]
-    assert (rms["status"], rms["error"], rms["distribution"]) == ("ok", None, "flyreg")
+    assert (rms["status"], rms["error"], rms["distribution"]) == ("ok", None, "flyreg-rmsnorm")
     assert rms["structural"] == ["BLOCK_N", "ROWS", "ROW_BLOCK"] and rms["description"]
     assert rms["artifacts"] == CPU_WORKLOADS  # the ones the tune wrote for this CPU
     rows = {r[0]: r for r in table_rows(table.stdout)}

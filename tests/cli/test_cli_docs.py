@@ -22,20 +22,22 @@ in bash. stdout and stderr are shown interleaved, as a terminal shows them.
 
 What varies from run to run or machine to machine is normalized, and the page shows:
 
-- ``/tmp/flyreg-demo`` for the session's directory, and ``<flyreg>/offline_configs`` for the
-  artifacts shipped inside the installed flyreg;
+- ``/tmp/flyreg-demo`` for the session's directory, and ``<flyreg_rmsnorm>/configs`` for the
+  artifacts shipped inside the installed RMSNorm plugin;
 - ``CPU_NAME`` and ``cpu-ARCH`` for this machine's device name and architecture;
 - ``<winner>``, ``<time>`` and ``<speedup>`` in the tune summary's timing columns, the table
   laid out again for the new widths (rich's titles are centred again too; a table whose folded
   cells change is shown unfolded, one line a row);
 - ``-:--:--`` for the progress bar's elapsed and remaining times, ``<seconds>`` for a tune's
   wall time, ``<date>`` for a timestamp and ``.corrupt-<time>`` for a moved-aside file's suffix;
+- ``<progress bar>`` for an unfinished progress bar (an interrupted tune's);
 - no trailing spaces, and no blank lines at the end of an output.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import queue
@@ -53,18 +55,26 @@ import pytest
 
 from cli_harness import BROKEN_ENTRY_POINTS, CommandServer, command_env, fake_distribution
 from doc_examples import Example, examples, normalize, rewrite
-from flyreg._artifacts.store import artifact_filename, shipped_config_dir
+from flyreg._artifacts.store import artifact_filename
 from flyreg._core.keys import DeviceIdentity, identity_of
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGEN = os.environ.get("FLYREG_REGEN_DOCS") == "1"
 SHOWN_DIR = "/tmp/flyreg-demo"
-SHOWN_SHIPPED = "<flyreg>/offline_configs"
+SHOWN_SHIPPED = "<flyreg_rmsnorm>/configs"
 FAKE_DISTRIBUTIONS = {"broken-ops": BROKEN_ENTRY_POINTS}
 ATTEMPTS = 3  # an interrupted example runs again (at most this often) when SIGINT landed past the next job
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or shutil.which("bash") is None,
                                 reason="the examples run in forked interpreters and bash")
+
+
+def shipped_config_dir() -> Path | None:
+    """The artifacts the RMSNorm plugin ships inside its installed package, where it is installed."""
+    spec = importlib.util.find_spec("flyreg_rmsnorm")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "configs"
 
 
 def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
@@ -81,6 +91,8 @@ def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
         (r"^(cost: .*, )\d+(?:\.\d+)? s$", r"\1<seconds> s"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?", "<date>"),
         (r"\.corrupt-\d+", ".corrupt-<time>"),
+        # where an interrupted tune's progress bar stood when SIGINT landed varies from run to run
+        (r"^\S+ \S+ ━+ +\d+/\d+ -:--:-- ETA -:--:--$", "<progress bar>"),
     ]
     compiled = [(re.compile(pattern), to) for pattern, to in rules]
 

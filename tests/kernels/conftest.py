@@ -14,6 +14,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _ROOT = Path(__file__).resolve().parents[2]
-for _name, _path in (("flyreg", _ROOT), ("flyreg_rmsnorm", _ROOT / "plugins")):
+for _name, _path in (("flyreg", _ROOT), ("flyreg_rmsnorm", _ROOT / "plugins" / "flyreg-rmsnorm")):
     if importlib.util.find_spec(_name) is None:
         sys.path.insert(0, str(_path))

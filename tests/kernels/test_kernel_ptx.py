@@ -1,4 +1,4 @@
-"""benchmarks/kernel_ptx.py compiles the plugin's kernels for the H200's target without a GPU."""
+"""The plugin's benchmarks/kernel_ptx.py compiles the plugin's kernels for the H200's target without a GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_ptx.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "benchmarks" / "kernel_ptx.py"
 
 
 def _ptx(*args: str) -> str:

@@ -42,7 +42,7 @@ def test_eps_positional_and_keyword_agree_and_matter(op: str) -> None:
 def test_listed_with_description_and_knobs() -> None:
     infos = {i.name: i for i in flyreg.ops()}
     for name in ("rmsnorm", "fused_add_rmsnorm"):
-        assert infos[name].status == "ok" and infos[name].distribution == "flyreg"
+        assert infos[name].status == "ok" and infos[name].distribution == "flyreg-rmsnorm"
         assert infos[name].structural is not None and "BLOCK_N" in infos[name].structural
 
 

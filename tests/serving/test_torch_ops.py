@@ -1,8 +1,9 @@
-"""The RMSNorm ops as torch custom ops: lazy registration, torch.compile without graph breaks, opcheck."""
+"""The RMSNorm ops as torch custom ops through flyreg.torch: registration, torch.compile without graph breaks, opcheck."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,9 +18,9 @@ pytestmark = TORCH_OPS_NEEDED
 
 @pytest.fixture(scope="module")
 def ops() -> dict:
-    from flyreg_rmsnorm.torch_ops import register_torch_ops
+    import flyreg.torch
 
-    return register_torch_ops()
+    return {name: flyreg.torch.register(name) for name in ("rmsnorm", "fused_add_rmsnorm")}
 
 
 class Block(torch.nn.Module):
@@ -53,25 +54,28 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def test_importing_the_plugin_does_not_register_the_torch_ops() -> None:
+def test_importing_flyreg_torch_registers_every_op_with_a_schema_and_nothing_else_does() -> None:
     probe = (
         "import torch, flyreg, flyreg_rmsnorm, flyreg_rmsnorm.ops\n"
         "flyreg.op('rmsnorm')\n"
         "assert not hasattr(torch.ops.flyreg, 'rmsnorm'), 'registered by importing the plugin'\n"
-        "import flyreg_rmsnorm.torch_ops\n"
+        "import flyreg.torch\n"
         "assert hasattr(torch.ops.flyreg, 'rmsnorm') and hasattr(torch.ops.flyreg, 'fused_add_rmsnorm')\n"
+        "assert {'rmsnorm', 'fused_add_rmsnorm'} <= set(flyreg.torch.registered())\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this process imports
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
 
 
-def test_registration_is_idempotent(ops: dict) -> None:
-    from flyreg_rmsnorm.torch_ops import register_torch_ops
+def test_registration_is_idempotent_and_marks_the_residual_written(ops: dict) -> None:
+    import flyreg.torch
 
-    again = register_torch_ops()
-    assert again.keys() == {"rmsnorm", "fused_add_rmsnorm"}
+    again = {name: flyreg.torch.register(name) for name in ops}
     assert all(again[k] is ops[k] for k in again)
+    schema = str(ops["fused_add_rmsnorm"].default._schema)
+    assert "Tensor(a!) residual" in schema and "Tensor x," in schema and "Tensor weight," in schema
+    assert "(a!)" not in str(ops["rmsnorm"].default._schema)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -178,3 +182,52 @@ def test_fused_custom_op_bumps_the_residual_version_and_rmsnorm_is_forward_only(
         torch.ops.flyreg.rmsnorm(leaf, w, 1e-6)  # forward only: refused rather than silently detached
     with torch.no_grad():
         assert torch.ops.flyreg.rmsnorm(leaf, w, 1e-6).shape == (4, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_ops_captured_in_a_cuda_graph_replay_on_new_inputs(ops: dict) -> None:
+    n = 4096
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(16, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    residual = torch.randn(16, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.rand(n, device="cuda", dtype=torch.bfloat16, generator=g) + 0.5
+
+    def step() -> torch.Tensor:
+        h = torch.ops.flyreg.fused_add_rmsnorm(x, residual, w, 1e-6)
+        return torch.ops.flyreg.rmsnorm(h, w, 1e-6)
+
+    start = residual.clone()
+    step()  # warm-up outside capture: resolves both keys and binds their launchers
+    residual.copy_(start)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in range(3):  # new values in the captured buffers, then replay
+        gen = torch.Generator(device="cuda").manual_seed(300 + seed)
+        x.copy_(torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen))
+        residual.copy_(torch.randn(residual.shape, device="cuda", dtype=residual.dtype, generator=gen))
+        before = residual.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        stored = (before.double() + x.double()).to(residual.dtype)
+        assert torch.equal(residual, stored)
+        h = stored.double()
+        h = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6) * w.double()).to(x.dtype).double()
+        ref = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6) * w.double()
+        assert rel_err(out, ref) < 2e-2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="Inductor on the CPU needs a C compiler")
+def test_inductor_on_the_cpu_compiles_two_flyreg_ops_with_no_break_and_matches_eager(ops: dict) -> None:
+    torch._dynamo.reset()
+    block = Block(32, torch.float32)
+    compiled = torch.compile(block, fullgraph=True)  # the default backend: Inductor, generating C++
+    x, residual = torch.randn(6, 32), torch.randn(6, 32)
+    eager_res = residual.clone()
+    eager = block(x, eager_res)
+    y = compiled(x, residual)
+    assert torch.equal(residual, eager_res)
+    assert rel_err(y, eager) < 1e-5

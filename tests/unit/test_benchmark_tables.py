@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "benchmarks"))
 
 import bandwidth_table  # noqa: E402
 import torch  # noqa: E402

@@ -30,8 +30,14 @@ FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 GPU_MARK = "# on a GPU:"
 
 
+#: Where the page's second example (run by tests/kernels/test_docs_triton_example.py) begins.
+SECOND = "## A second example"
+
+
 def blocks(lang: str) -> list[str]:
-    return [code for tag, code in FENCE.findall(DOC.read_text(encoding="utf-8")) if tag == lang]
+    """The page's ``lang`` blocks before its second example."""
+    page = DOC.read_text(encoding="utf-8").split(SECOND, 1)[0]
+    return [code for tag, code in FENCE.findall(page) if tag == lang]
 
 
 @pytest.fixture

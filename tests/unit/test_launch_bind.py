@@ -110,3 +110,32 @@ def test_bind_must_return_a_callable() -> None:
                                  lambda spec: Config({"A": 1}), build_cache=BuildCache())
     with pytest.raises(TypeError, match="bind\\(\\) must return a callable"):
         op(torch.randn(2))
+
+
+def test_a_launch_record_binds_like_the_legacy_attribute_and_checks_its_fields() -> None:
+    from flyreg.plugin import Launch
+
+    events: list[tuple[str, Any]] = []
+
+    def build(config: Config, spec: dict[str, Any]) -> Launch:
+        def launch(x: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
+            events.append(("unbound", num_warps))
+            return x + 1
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            events.append(("bind", dict(kwargs)))
+            return lambda x: x + 1
+
+        return Launch(launch, bind)
+
+    op = flyreg.autotune_builder("bind_record", build, lambda x: {"n": x.shape[-1]}, [Config({"K": 1}, num_warps=2)],
+                                 lambda spec: Config({"K": 1}, num_warps=2), build_cache=BuildCache())
+    x = torch.zeros(3)
+    for _ in range(2):
+        torch.testing.assert_close(op(x), x + 1)
+    assert events == [("bind", {"num_warps": 2})]  # bound once; the plain launch never ran
+    assert Launch(lambda x: x * 2)(torch.ones(1)).item() == 2.0  # calling the record launches
+    with pytest.raises(TypeError, match="Launch bind must be a callable or None"):
+        Launch(lambda x: x, bind=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Launch launch must be a callable"):
+        Launch(None)  # type: ignore[arg-type]

@@ -293,3 +293,29 @@ def test_a_failing_describe_names_the_op_and_hook(reg: Registry) -> None:
     with pytest.raises(PluginError, match=r"^failing\.describe raised KeyError: 'version'$"):
         flyreg.register(Failing(), name="failing")
     assert flyreg.ops() == []
+
+
+def test_torch_schema_marks_in_place_arguments_and_needs_an_output_rule() -> None:
+    from flyreg._plugins.record import OpRecord, RecordError
+
+    rec = OpRecord(arg_names=["x", "residual", "w"], restore_value=["residual"],
+                   torch_schema="(Tensor x, Tensor residual, Tensor w, float eps=1e-06) -> Tensor", output_like="x")
+    schema = rec.schema()
+    assert schema is not None
+    assert schema.text("op") == "op(Tensor x, Tensor(a!) residual, Tensor w, float eps=1e-06) -> Tensor"
+    kw = OpRecord(reset_to_zero=["out"], arg_names=["x", "out"], torch_schema="(Tensor x, Tensor out, *, int k=2) -> ()")
+    assert kw.schema().text("acc") == "acc(Tensor x, Tensor(a!) out, *, int k=2) -> ()"  # type: ignore[union-attr]
+    bad = {
+        "give output_like": dict(torch_schema="(Tensor x) -> Tensor"),
+        "must begin with arg_names": dict(arg_names=["y"], torch_schema="(Tensor x) -> Tensor", output_like="x"),
+        "must name a Tensor argument": dict(torch_schema="(Tensor x, int n) -> Tensor", output_like="n"),
+        "not '<type> <name>": dict(torch_schema="(Tensor) -> Tensor", output_like="x"),
+        "is not '\\(<arguments>\\) -> <returns>'": dict(torch_schema="op(Tensor x)", output_like="x"),
+        "restore_value and reset_to_zero do not name it": dict(torch_schema="(Tensor(a!) x) -> ()"),
+        "must be a Tensor": dict(arg_names=["n"], restore_value=["n"], torch_schema="(int n) -> ()"),
+        "no torch_schema is given": dict(output_like="x"),
+        "not both": dict(torch_schema="(Tensor x) -> Tensor", output_like="x", torch_fake=lambda x: x),
+    }
+    for message, fields in bad.items():
+        with pytest.raises(RecordError, match=message):
+            OpRecord(**fields)

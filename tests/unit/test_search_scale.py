@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import math
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +53,14 @@ def toy_op(name: str, space: list[Config] = SPACE, work: Callable[[Config], int]
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_budgeted_search_reaches_the_optimum_with_a_fraction_of_the_evaluations(seed: int) -> None:
     """2048 configs whose calls do real work: the engine's local search (the default for so large a
-    space) times at most 15 % of them and serves a config within 2 % of the exhaustive optimum."""
+    space) times at most 15 % of them and serves a config within 2 % of the exhaustive optimum.
+
+    Wall-clock timings on a machine running more processes than it has cores are not timings: the
+    test then says so and skips, rather than pass or fail by chance.
+    """
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > (os.cpu_count() or 1):
+        pytest.skip(f"1-minute load average {load:.1f} exceeds the {os.cpu_count()} CPUs: wall timings are noise")
     tuner, built = toy_op("toy_scale", seed=seed, rep=15)  # medians of 15 calls: robust to bursts of load
     report = tuner.tune(torch.zeros(4), emit=False)
     cap = int(len(SPACE) * QUICK_SHARE)

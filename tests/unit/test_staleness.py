@@ -18,7 +18,7 @@ from flyreg._core.keys import DeviceIdentity, identity_of
 
 CPU = identity_of(None)
 H200 = DeviceIdentity("NVIDIA_H200", "sm_90")
-SHIPPED = Path(__file__).resolve().parents[2] / "offline_configs"
+SHIPPED = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
 
 
 @pytest.fixture

@@ -166,7 +166,7 @@ def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: P
     assert sorted(data["spec"]) == sorted(SPEC_AXES)
     problems = check_artifacts([tmp_path], {"rmsnorm": "2"}, accepts=flyreg._plugins.registry.accepts)
     assert [p.severity for p in problems] in ([], ["stale"]), problems
-    shipped = Path(__file__).resolve().parents[2] / "offline_configs" / name
+    shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs" / name
     if shipped.is_file():  # the example is the shipped H200 artifact of that spec
         real = json.loads(shipped.read_text())
         assert {k: real[k] for k in ("op", "spec", "device", "config")} == \
@@ -225,14 +225,14 @@ def test_artifacts_of_unusable_ops_are_a_warning_not_unknown(tuned: Path, status
 
 
 def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
-    shipped = Path(__file__).resolve().parents[2] / "offline_configs"
+    shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
     problems = check_artifacts([shipped], {"rmsnorm": "1", "fused_add_rmsnorm": "1"}, accepts=flyreg._plugins.registry.accepts)
     assert {p.severity for p in problems} <= {"stale"}, problems
 
 
 def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> None:
     # The rest of the toolchain is the H200's (CI's torch differs); the op's version is the kernels'.
-    shipped = Path(__file__).resolve().parents[2] / "offline_configs"
+    shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
     current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).record.version for op in ("rmsnorm", "fused_add_rmsnorm")}
     behind = []
     for path in sorted(shipped.glob("*.json")):
@@ -245,7 +245,7 @@ def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> 
 def test_the_shipped_artifacts_cover_every_gpu_workload_of_both_rmsnorm_ops() -> None:
     from flyreg._artifacts.store import artifact_filename, canonical_spec
 
-    shipped = Path(__file__).resolve().parents[2] / "offline_configs"
+    shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
     for op in ("rmsnorm", "fused_add_rmsnorm"):
         workloads = flyreg._plugins.registry.REGISTRY.plugin(op).workloads("cuda")
         assert len(workloads) == 15 * 3 * 5

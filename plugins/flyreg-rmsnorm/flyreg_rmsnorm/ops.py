@@ -1,22 +1,26 @@
 """The two RMSNorm op plugins: ``rmsnorm`` and ``fused_add_rmsnorm``.
 
-Registered through entry points in flyreg's own pyproject, exactly as a third party would.
-On a CUDA tensor the Triton kernels run; on the CPU the torch implementation with its own knob.
+Found through the entry points in this distribution's pyproject. On a CUDA tensor the Triton
+kernels run; on the CPU the torch implementation with its own knob.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from flyreg.plugin import Axis, Config, OpRecord, hookimpl
+from flyreg.plugin import Axis, Config, Launch, OpRecord, hookimpl
 
 from . import space
 from .checks import check_fused_add, check_rmsnorm
 
+#: The tuned artifacts installed with this package.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 #: Row counts (bucket values), widths and dtypes tuned by default on a GPU.
 GPU_N = (128, 512, 1024, 1536, 2048, 2880, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
 GPU_DTYPES = ("bfloat16", "float16", "float32")
@@ -87,41 +91,20 @@ class RMSNormOp:
                 "backend": _backend_on(x.device.type)}
 
     @hookimpl
-    def build(self, config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
+    def build(self, config: Config, spec: dict[str, Any]) -> Launch | Callable[..., Any]:
         knobs = config.kwargs
         if _on_triton(spec):
             from . import triton_kernels as tk
 
             tile = {"BLOCK_N": knobs["BLOCK_N"], "ROWS": knobs["ROWS"]}
-            if self.fused:
-                def fused_launch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                                 num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
-                    return tk.fused_add_rmsnorm_triton(x, residual, weight, eps, **tile, num_warps=num_warps,
-                                                       num_stages=num_stages)
-
-                fused_launch.bind = lambda args, kwargs: tk.bind_fused_add_rmsnorm(*args, **kwargs, **tile)  # type: ignore[attr-defined]
-                return fused_launch
-
-            def launch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, num_warps: int | None = None,
-                       num_stages: int | None = None) -> torch.Tensor:
-                return tk.rmsnorm_triton(x, weight, eps, **tile, num_warps=num_warps, num_stages=num_stages)
-
-            launch.bind = lambda args, kwargs: tk.bind_rmsnorm(*args, **kwargs, **tile)  # type: ignore[attr-defined]
-            return launch
+            run, bind = (tk.fused_add_rmsnorm_triton, tk.bind_fused_add_rmsnorm) if self.fused else \
+                (tk.rmsnorm_triton, tk.bind_rmsnorm)
+            return Launch(functools.partial(run, **tile),
+                          lambda args, kwargs: bind(*args, **kwargs, **tile))
         from . import cpu
 
-        row_block = knobs["ROW_BLOCK"]
-        if self.fused:
-            def fused_launch_cpu(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                                 eps: float = 1e-6) -> torch.Tensor:
-                return cpu.fused_add_rmsnorm_cpu(x, residual, weight, eps, ROW_BLOCK=row_block)
-
-            return fused_launch_cpu
-
-        def launch_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-            return cpu.rmsnorm_cpu(x, weight, eps, ROW_BLOCK=row_block)
-
-        return launch_cpu
+        return functools.partial(cpu.fused_add_rmsnorm_cpu if self.fused else cpu.rmsnorm_cpu,
+                                 ROW_BLOCK=knobs["ROW_BLOCK"])
 
     @hookimpl
     def configs(self, spec: dict[str, Any]) -> list[Config]:
@@ -168,8 +151,10 @@ class RMSNormOp:
     @hookimpl
     def describe(self) -> OpRecord:
         what = "residual += x in place, then RMSNorm of it" if self.fused else "y = x / rms(x) * weight"
+        args = ", ".join(f"Tensor {n}" for n in self.arg_names[:-1])
         return OpRecord(description=what, version="3", structural=["BLOCK_N", "ROWS", "ROW_BLOCK"],
-                        arg_names=self.arg_names, restore_value=["residual"] if self.fused else [], axes=AXES)
+                        arg_names=self.arg_names, restore_value=["residual"] if self.fused else [], axes=AXES,
+                        config_dir=CONFIG_DIR, torch_schema=f"({args}, float eps=1e-06) -> Tensor", output_like="x")
 
 
 rmsnorm = RMSNormOp(fused=False)

@@ -5,7 +5,7 @@ microseconds, the host more), synchronized before and after; the time per call i
 over the calls. Runs alternate between paths, and each path reports the median of ``--runs``.
 Ratios are against (b), the bare Triton launch with the config flyreg serves for this shape.
 
-    python benchmarks/launch_overhead.py [--M 1] [--N 4096] [--dtype bfloat16] [--calls 20000] [--runs 5]
+    python plugins/flyreg-rmsnorm/benchmarks/launch_overhead.py [--M 1] [--N 4096] [--dtype bfloat16] [--calls 20000] [--runs 5]
 
 Paths:
   (a)  flyreg.op("rmsnorm")(x, w), steady state (key resolved, launcher bound)
@@ -13,7 +13,7 @@ Paths:
   (b1) torch.empty + _rmsnorm_kernel[grid](...): (b) plus the output allocation (a) makes
   (b2) the plugin's bound launcher (bind_rmsnorm once, then called): allocation + compiled-kernel launch
   (c)  the same kernel under triton.autotune over 3 configs, its cache warm, output preallocated
-  (d)  torch.ops.flyreg.rmsnorm(x, w), the torch.library custom op around (a)
+  (d)  torch.ops.flyreg.rmsnorm(x, w), the torch.library custom op around (a) (flyreg.torch)
   (d1) the same custom op through its default overload (torch.ops.flyreg.rmsnorm.default)
   (e)  torch.nn.functional.rms_norm(x, (N,), w, eps)
 
@@ -41,7 +41,6 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     import flyreg
     from flyreg.triton import hints as launch_hints_of, pdl_supported
     from flyreg_rmsnorm import triton_kernels as tk
-    from flyreg_rmsnorm.torch_ops import register_torch_ops
 
     dtype = getattr(torch, dtype_name)
     x = torch.randn(M, N, device="cuda", dtype=dtype)
@@ -82,9 +81,10 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
         auto[(M,)](x, w, y, M, stride, EPS, **auto_consts)
         return y
 
-    defs = register_torch_ops()
-    packet = torch.ops.flyreg.rmsnorm
-    custom = defs["rmsnorm"].default
+    import flyreg.torch
+
+    packet = flyreg.torch.register("rmsnorm")
+    custom = packet.default
 
     fns: dict[str, Callable[[], Any]] = {
         "(a)  flyreg.op('rmsnorm')(x, w)": lambda: tuner(x, w),
