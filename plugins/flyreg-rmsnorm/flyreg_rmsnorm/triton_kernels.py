@@ -48,37 +48,6 @@ def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
     return pid * ROWS + tl.arange(0, ROWS)
 
 
-#: Largest finite float32, and 2**-96: a row whose float32 sum of squares overflows (|x| above about
-#: 1e19 / sqrt(N)) is normalized by its sum of squares scaled by SMALL**2, which neither overflows nor
-#: underflows for such rows. Both sums are always taken, in one reduction, with no branch: a branch
-#: kept the row's tile live beside the rescue path and cost registers (up to 64 -> 79 on the H200).
-F32_MAX = tl.constexpr(3.4028234663852886e38)
-SMALL = tl.constexpr(1.2621774483536189e-29)
-
-
-@triton.jit
-def _rstd(ss, N: tl.constexpr, eps):
-    return tl.rsqrt(ss / N + eps)
-
-
-@triton.jit
-def _rstd_pair(ss, ss_small, N: tl.constexpr, eps):
-    # eps is negligible beside a mean square past float32's range (and eps * SMALL**2 underflows).
-    return tl.where(ss > F32_MAX, tl.rsqrt(ss_small / N) * SMALL, _rstd(ss, N, eps))
-
-
-@triton.jit
-def _rstd_both(v, N: tl.constexpr, eps):
-    small = v * SMALL
-    ss, ss_small = tl.reduce((v * v, small * small), 1, _add_pair)
-    return _rstd_pair(ss, ss_small, N, eps)
-
-
-@triton.jit
-def _add_pair(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
 # every row count, so the row buckets of one N share their compiles; MASK_ROWS (M % ROWS != 0) and
 # OFF64 (whether M rows need int64 indices) are the bits of M a binary depends on. N is a
@@ -105,23 +74,18 @@ def _rmsnorm_kernel(
         x = tl.load(X + (x_row + cols[None, :]), mask=mask, other=0.0).to(tl.float32)
         # In flight with x, not after the sum; evict_last keeps the weight, read by every program, in L2.
         w = tl.load(W + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        rstd = _rstd_both(x, N, eps)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         y = x * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
     else:
         # Pass 1 keeps the row in L2 (evict_last) for pass 2, which reads it for the last time.
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        acc_small = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             c = start + cols
             mask = row_mask & (c < N)[None, :]
             x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc += x * x
-            small = x * SMALL
-            acc_small += small * small
-        ss, ss_small = tl.reduce((acc, acc_small), 1, _add_pair)
-        rstd = _rstd_pair(ss, ss_small, N, eps)
-        rstd = rstd[:, None]
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
@@ -154,14 +118,13 @@ def _fused_add_rmsnorm_kernel(
         h = (r + x).to(R.dtype.element_ty)
         tl.store(R + (r_row + cols[None, :]), h, mask=mask)
         v = h.to(tl.float32)
-        rstd = _rstd_both(v, N, eps)
+        rstd = tl.rsqrt(tl.sum(v * v, axis=1) / N + eps)
         y = v * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
     else:
         # Pass 1 only reads; pass 2 recomputes the (identically rounded) sum and stores it.
         # So no thread ever reads a residual element that another thread wrote.
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        acc_small = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             c = start + cols
             mask = row_mask & (c < N)[None, :]
@@ -169,11 +132,7 @@ def _fused_add_rmsnorm_kernel(
             r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             v = (r + x).to(R.dtype.element_ty).to(tl.float32)
             acc += v * v
-            small = v * SMALL
-            acc_small += small * small
-        ss, ss_small = tl.reduce((acc, acc_small), 1, _add_pair)
-        rstd = _rstd_pair(ss, ss_small, N, eps)
-        rstd = rstd[:, None]
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
