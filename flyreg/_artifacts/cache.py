@@ -8,7 +8,6 @@ this schema (corrupt, foreign, not a regular file) is moved aside with a warning
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
