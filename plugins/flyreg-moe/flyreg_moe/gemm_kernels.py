@@ -49,7 +49,8 @@ def _rows(SORTED, pid_m, P, BLOCK_M: tl.constexpr):
     return tl.where(valid, pairs, 0), valid
 
 
-@triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "topk", "x_stride"])
+# x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors.
+@triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "topk"])
 def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, ROWS_USED, P, tiles_m, group_m, topk, x_stride, N, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr):
