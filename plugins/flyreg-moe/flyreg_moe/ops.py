@@ -97,8 +97,9 @@ def build(config: Config, spec: dict[str, Any]) -> Launch | Callable[..., Any]:
                                                **knobs)
 
         def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
-            hint = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
-            run = triton_moe.bind_fused_moe(*_args(args, kwargs), **hint, **knobs)
+            hint = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+            call = {k: v for k, v in kwargs.items() if k not in hint}
+            run = triton_moe.bind_fused_moe(*_args(args, call), **hint, **knobs)
             return lambda *a, **kw: run(*_args(a, kw))
 
         return Launch(launch, bind)

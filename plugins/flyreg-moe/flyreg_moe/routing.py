@@ -11,7 +11,8 @@ Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The r
 after it depends on the shapes alone (a CUDA graph can hold the whole call). Three launches:
 per-chunk expert counts (and the sentinel fill), one program that turns counts into offsets and
 tile experts, and the scatter. A pair whose expert is outside [0, E) (the op checks the ids on the
-first call of a signature, not on every call) is routed nowhere, so it reads and writes nothing.
+first call of a signature, not on every call) is routed nowhere: no GEMM computes it, and the top-k
+reduction adds nothing for it.
 """
 
 from __future__ import annotations
