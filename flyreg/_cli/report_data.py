@@ -177,7 +177,7 @@ def _op_report(op: str, ident: DeviceIdentity, spec_rows: list[list[Measurement]
         spec = found[-1].spec
         default, work = _hooks(plugin, tuner, spec)
         specs.append(_spec_result(found, default, work))
-    specs.sort(key=lambda s: json.dumps(s.spec, sort_keys=True))
+    specs.sort(key=lambda s: spec_order(s.spec))
     coverage = _coverage(plugin, tuner, ident, [s.spec for s in specs]) if tuner is not None else []
     return OpReport(op, ident, specs, coverage, peak, note)
 
@@ -195,6 +195,12 @@ def _hooks(plugin: Any, tuner: Any, spec: dict[str, JSONScalar]) -> tuple[Config
     except Exception:
         work = None
     return default, work
+
+
+def spec_order(spec: dict[str, JSONScalar]) -> tuple[tuple[str, int, float, str], ...]:
+    """A sort key of specs: axis by axis (in name order), numbers by value before strings."""
+    return tuple((k, 0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool)
+                 else (k, 1, 0.0, str(v)) for k, v in sorted(spec.items()))
 
 
 def device_type(ident: DeviceIdentity) -> str:

@@ -15,7 +15,7 @@ STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #1f2328; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.3em; border-bottom: 1px solid #d0d7de; padding-bottom: .2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }
-th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; }
+th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; white-space: nowrap; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f6f8fa; } .facts td:first-child { font-weight: 600; }
 .missing { color: #cf222e; } .stale { color: #9a6700; } .current { color: #1a7f37; }

@@ -82,7 +82,7 @@ def speedup_plots(report: OpReport) -> list[str]:
     def draw(ax: Any, i: int, s: SpecResult) -> None:
         ax.bar(i, s.speedup, width=0.6, color=WINNER if (s.speedup or 0) > 1 else OTHER)
 
-    return _figures(shown, f"{report.op}: winner vs default", "default time / winner time", draw, line=1.0) \
+    return _figures(shown, "winner vs default", "default time / winner time", draw, line=1.0) \
         if shown else []
 
 
@@ -100,8 +100,8 @@ def spread_plots(report: OpReport) -> list[str]:
             ax.scatter([i], [s.default_ms / best], s=30, marker="D", color=DEFAULT, zorder=3)
         ax.scatter([i], [1.0], s=30, marker="*", color=WINNER, zorder=4)
 
-    return _figures(shown, f"{report.op}: every measured config (star: winner, diamond: default)",
-                    "time / winner time", draw, log=True) if shown else []
+    return _figures(shown, "every config measured (\u2605 winner, \u25c6 default)", "time / winner time", draw,
+                    log=True) if shown else []
 
 
 def bound_plots(report: OpReport) -> list[str]:
@@ -112,5 +112,4 @@ def bound_plots(report: OpReport) -> list[str]:
     def draw(ax: Any, i: int, s: SpecResult) -> None:
         ax.bar(i, fractions[id(s)], width=0.6, color=WINNER)
 
-    return _figures(shown, f"{report.op}: winner vs the device's peak", "fraction of the bound", draw,
-                    line=1.0) if shown else []
+    return _figures(shown, "winner vs the device's peak", "fraction of the bound", draw, line=1.0) if shown else []

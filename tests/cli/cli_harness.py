@@ -1,4 +1,5 @@
-"""What the CLI tests share: a controlled environment, fake distributions, and a command server.
+"""What the CLI tests share: a controlled environment, fake distributions, a runner (``Flyreg``), its output
+parsers, and a command server.
 
 Every run sees only the ``flyreg.ops`` entry points of flyreg itself and of the fake
 distributions a test names (``only_plugins/sitecustomize.py``, through PYTHONPATH and
