@@ -1,4 +1,4 @@
-"""The ``flyreg`` command: list, tune, show, check and cache.
+"""The ``flyreg`` command: list, tune, show, check, report and cache.
 
 Never imported by ``import flyreg``: click and rich load only when the command runs.
 
@@ -235,10 +235,12 @@ def list_ops(as_json: bool, device: str | None) -> None:
               help="Seconds each spec's search may take before its final round (default: no limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the local search's random choices.")
 @click.option("--fresh", is_flag=True, help="Time every config again instead of reading the tuning journal.")
+@click.option("--from-record", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Tune the specs a serving record (FLYREG_RECORD) saw served by a default or a nearest artifact.")
 @_user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
          out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,
-         fresh: bool) -> None:
+         fresh: bool, from_record: Path | None) -> None:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
@@ -255,10 +257,17 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
         raise click.UsageError("--spec needs the OP(s) to tune: each op has its own spec axes")
     if specs and where:
         raise click.UsageError("--where filters the ops' workloads; with --spec there are none to filter")
+    if from_record is not None and (specs or where):
+        raise click.UsageError("--from-record tunes the record's specs; it takes no --spec or --where")
     _check_op_names(names)
     dev = resolve_device(device)
     out_dir = _out_dir(out, create=not dry_run)
-    jobs = plan_jobs(names, specs, dev, out_dir, force, where)
+    if from_record is not None:
+        from flyreg._cli.record_cmds import plan_from_record
+
+        jobs = plan_from_record(from_record, names, dev, out_dir, force)
+    else:
+        jobs = plan_jobs(names, specs, dev, out_dir, force, where)
     if dry_run:
         print_plan(jobs, dev, out_dir)
         sys.exit(0)
@@ -369,16 +378,25 @@ def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str
 @click.argument("dirs", nargs=-1, type=click.Path(path_type=Path), metavar="[DIR]...")
 @click.option("--strict", is_flag=True, help="Fail on stale artifacts and warnings too.")
 @click.option("--verbose", "-v", is_flag=True, help="List every file of each finding, not the first few.")
+@click.option("--against-record", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Instead, list the specs a serving record (FLYREG_RECORD) saw that have no current artifact.")
 @_user_errors
-def check(dirs: tuple[Path, ...], strict: bool, verbose: bool) -> None:
+def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: Path | None) -> None:
     """Validate offline artifacts in DIRs (default: every lookup directory that exists).
 
     Judges each *.json by the rule lookup uses: well-formed, named by its content, a known op, a
     config that op accepts for its spec, a sanitized device name; reports stale ones (something
     their backend depends on changed), and warns about artifacts of ops that are broken or
     disabled here. Prints each kind of finding with its count and first files. Exits 1 if any
-    error (with --strict, any stale artifact or warning too).
+    error (with --strict, any stale artifact or warning too). With --against-record, exits 1 if a
+    recorded spec has no current artifact for its device in DIRs (default: the lookup directories).
     """
+    if against_record is not None:
+        from flyreg._cli.record_cmds import check_against_record
+
+        if check_against_record(against_record, dirs):
+            sys.exit(1)
+        return
     from flyreg._artifacts.store import lookup_dirs
     from flyreg._artifacts.validate import check_report, summary
     from flyreg._plugins.registry import REGISTRY, accepts, ops
@@ -409,6 +427,26 @@ def _present(directory: Path) -> bool:
     except OSError:
         return True
     return True
+
+
+@cli.command()
+@click.argument("op_names", nargs=-1, metavar="[OP]...")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("flyreg-report"),
+              metavar="DIR", show_default=True, help="Directory to write the report page (DIR/index.html) into.")
+@_user_errors
+def report(op_names: tuple[str, ...], out: Path) -> None:
+    """Write an HTML report of what tuning found for every tuned op (or the OPs given).
+
+    Per op, from the tuning journal: each spec's winner against the default, its throughput as a
+    fraction of the device's peak (for ops that state their work), the spread of every measured
+    config, what tuning cost, and which workloads have no current artifact. Plots need
+    matplotlib (pip install 'flyreg[report]').
+    """
+    from flyreg._cli.report import run_report
+
+    names = list(dict.fromkeys(op_names))
+    _check_op_names(names)
+    run_report(names, out)
 
 
 @cli.group()

@@ -72,7 +72,7 @@ def _positive_seconds(raw: str, environ: Mapping[str, str]) -> float:
     return seconds
 
 
-def _directory(raw: str, environ: Mapping[str, str]) -> Path:
+def _path(raw: str, environ: Mapping[str, str]) -> Path:
     return expand_path(raw.strip(), environ)
 
 
@@ -99,7 +99,8 @@ def default_compile_threads() -> int:
 class Variable:
     """One environment variable: its ``name``, the :class:`Settings` ``field`` it sets, what values
     are ``allowed`` and its ``default`` (as the docs say them), its ``meaning``, how to ``parse`` a
-    value (``ValueError`` when not allowed) and the ``default_value`` used when unset or bad."""
+    value (``ValueError`` when not allowed) and the ``default_value`` used when unset or bad; ``directories``
+    marks a path-valued variable, whose ``$VAR`` references are followed."""
 
     name: str
     field: str
@@ -115,7 +116,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLYREG_AUTOTUNE", "autotune", "1/0, true/false, yes/no, on/off", "off",
              "search every new key afresh and re-write its cache entry and artifact", _bool, lambda: False),
     Variable("FLYREG_CACHE_DIR", "cache_dir", "a directory", "the user cache dir, `~/.cache/flyreg` on Linux",
-             "the scratch disk cache", _directory, _user_cache_dir, directories=True),
+             "the scratch disk cache", _path, _user_cache_dir, directories=True),
     Variable("FLYREG_CONFIG_DIR", "config_dirs", "directories separated by `os.pathsep`", "none",
              "artifact dirs, looked up first; the first is where tuning writes, else the user config dir",
              _directories, tuple, directories=True),
@@ -126,6 +127,10 @@ VARIABLES: tuple[Variable, ...] = (
              "threads that bind (and so compile) a search's candidates", _positive_int, default_compile_threads),
     Variable("FLYREG_PLUGIN_TIMEOUT", "plugin_timeout", "seconds > 0", "30",
              "how long an op's plugin may take to import and describe itself before it is marked broken", _positive_seconds, lambda: 30.0),
+    Variable("FLYREG_RECORD", "record", "a file", "none",
+             "record which config source served each spec the process called, and how often, into this "
+             "SQLite file at exit (`flyreg tune --from-record`, `flyreg check --against-record`)",
+             _path, lambda: None, directories=True),
 )
 
 NAMES = tuple(v.name for v in VARIABLES)
@@ -142,6 +147,7 @@ class Settings:
     disable_ops: frozenset[str]
     compile_threads: int
     plugin_timeout: float
+    record: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
