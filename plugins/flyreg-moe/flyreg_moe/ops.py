@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from flyreg.plugin import Axis, Config, Launch, OpRecord, hookimpl
+from flyreg.plugin import Axis, Config, Launch, OpRecord, Work, hookimpl
 
 from . import space
 from .checks import check_moe
@@ -158,6 +158,13 @@ def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     from .cpu import fused_moe_reference
 
     return fused_moe_reference(*_args(args, kwargs))
+
+
+@hookimpl
+def work(spec: dict[str, Any]) -> Work:
+    # Both GEMMs: 2*N*K per pair for GEMM 1 (gate and up, 2N rows) and 2*N*K for GEMM 2, each pair M*topk.
+    M, _E, N, K, topk = space.shape(spec)
+    return Work(flops=6 * M * topk * N * K)
 
 
 @hookimpl

@@ -114,3 +114,17 @@ def test_tune_on_the_cpu_writes_an_artifact_that_is_served(tmp_path, monkeypatch
     data = json.loads(written[0].read_text())
     assert data["spec"]["M"] == 8 and data["config"]["kwargs"]["EXPERT_GROUP"] in (1, 2, 4)
     assert report.winner == flyreg.resolve("fused_moe", *args).config and not report.failed and not report.rejected
+
+
+def test_declared_flops_equal_the_matmul_flops_of_the_reference() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flyreg_moe import ops
+    from flyreg_moe.cpu import fused_moe_reference  # matmuls over each expert's rows, as counted
+
+    M, E, N, K, topk = 13, 8, 48, 40, 3
+    args = call(M, E, N, K, topk, seed=9)
+    with FlopCounterMode(display=False) as counter:
+        fused_moe_reference(*args)
+    spec = {"E": E, "K": K, "N": N, "topk": topk, "dtype": "bfloat16", "M": M}
+    assert ops.work(spec).flops == counter.get_total_flops()
