@@ -15,7 +15,7 @@ from flyreg._cli.common import device_option, resolve_device, user_errors
 @user_errors
 def list_ops(as_json: bool, device: str | None) -> None:
     """List every registered op: status, description, structural knobs, artifacts for this device."""
-    from flyreg._cli.tune_jobs import count_artifacts
+    from flyreg._cli.plan import count_artifacts
     from flyreg._core.keys import identity_of
     from flyreg._plugins.registry import REGISTRY, ops
 
@@ -38,7 +38,7 @@ def list_ops(as_json: bool, device: str | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from flyreg._cli.tune_jobs import make_console
+    from flyreg._cli.text import make_console
 
     table = Table(title=f"flyreg ops (device: {ident.name}, {ident.arch})")
     table.add_column("op", no_wrap=True)

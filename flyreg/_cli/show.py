@@ -57,7 +57,7 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
 
 def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
     """The resolution of one spec, a line per fact."""
-    from flyreg._cli.tune_jobs import config_str, spec_str
+    from flyreg._cli.text import config_str, spec_str
 
     click.echo(f"op:      {op}")
     click.echo(f"spec:    {spec_str(r['spec'])}")
@@ -79,7 +79,7 @@ def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> N
     from rich.markup import escape
     from rich.table import Table
 
-    from flyreg._cli.tune_jobs import config_str, make_console, spec_str
+    from flyreg._cli.text import config_str, make_console, spec_str
 
     table = Table(title=f"{op} on {ident.name} ({ident.arch})")
     for col in ("spec", "config", "source", "path"):
@@ -93,7 +93,7 @@ def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> N
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
     """One line for a spec that resolves to nothing (or whose hooks fail on it)."""
-    from flyreg._cli.tune_jobs import one_line, spec_str
+    from flyreg._cli.text import one_line, spec_str
 
     if type(e) is LookupError:  # the tuner's own "no cached, offline or default config"
         return one_line(e, typed=False)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from flyreg._cli.common import artifact_dir, check_op_names, device_option, resolve_device, spec_values, user_errors
+from flyreg._cli.isolated_jobs import ISOLATE_ABOVE
 
 
 @click.command()
@@ -29,10 +30,13 @@ from flyreg._cli.common import artifact_dir, check_op_names, device_option, reso
               help="Seconds each spec's search may take before its final round (default: no limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the local search's random choices.")
 @click.option("--fresh", is_flag=True, help="Time every config again instead of reading the tuning journal.")
+@click.option("--isolate/--no-isolate", default=None,
+              help="Compile candidates in a pool of processes and time them in a worker process, so one that "
+                   f"crashes or hangs fails alone (default: on for a space of more than {ISOLATE_ABOVE} configs on CUDA).")
 @user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
          out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,
-         fresh: bool) -> None:
+         fresh: bool, isolate: bool | None) -> None:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
@@ -42,7 +46,9 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     Ctrl-C stops after keeping the artifacts written so far (exit 130). Every measurement is
     journaled as it is taken: the same command run again times nothing already measured.
     """
-    from flyreg._cli.tune_jobs import plan_jobs, print_plan, run_jobs
+    from flyreg._cli.plan import plan_jobs
+    from flyreg._cli.tune_jobs import run_jobs
+    from flyreg._cli.tune_output import print_plan
 
     names = list(dict.fromkeys(op_names))
     if specs and not names:
@@ -57,6 +63,6 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
         print_plan(jobs, dev, out_dir)
         sys.exit(0)
     options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
-    sys.exit(run_jobs(jobs, dev, out_dir, force, options))
+    sys.exit(run_jobs(jobs, dev, out_dir, force, options, isolate))
 
 
