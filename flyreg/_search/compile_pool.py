@@ -20,7 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from flyreg._core.config import Config, JSONScalar
-from flyreg._search.isolate import AdaptiveLimit, ignore_interrupts
+from flyreg._search.isolate import AdaptiveLimit, worker_setup
 
 #: ``task(*args, config_json)`` compiles one config in a pool process; returns why it failed, or None.
 CompileTask = Callable[..., "str | None"]
@@ -57,7 +57,7 @@ class CompilePool:
             return {}
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=ignore_interrupts)
+                                             initializer=worker_setup)
             self._started = False
         futures: dict[Future[tuple[float, str | None]], Config] = {
             self._pool.submit(_timed, task, args, c.to_json()): c for c in configs}

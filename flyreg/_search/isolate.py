@@ -6,13 +6,16 @@ measures one config at a time. A worker that dies (an illegal memory access, an 
 past the time limit fails that config with the reason and is replaced; the next config gets a
 fresh worker. The limit adapts (:class:`AdaptiveLimit`): a generous one while a worker starts
 (imports, inputs, first compiles), then ``factor`` times the slowest config finished so far, at
-least ``min_seconds``. Workers ignore SIGINT: Ctrl-C stops the caller, which stops them.
+least ``min_seconds``. Workers ignore SIGINT (Ctrl-C stops the caller, which stops them) and end
+when the caller dies, even by ``kill -9`` (:func:`worker_setup`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -65,13 +68,23 @@ class AdaptiveLimit:
         self.slowest = seconds if self.slowest is None else max(self.slowest, seconds)
 
 
-def ignore_interrupts() -> None:
-    """In a worker: Ctrl-C is the caller's to handle (it stops the workers), never a candidate's failure."""
+def worker_setup(poll_seconds: float = 1.0) -> None:
+    """In a worker process: ignore Ctrl-C (the caller handles it and stops its workers, so an interrupted
+    config is never a failed one), and end at once when the caller is gone (a hung candidate would
+    otherwise outlive it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="flyreg-parent-watch", daemon=True).start()
 
 
 def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...]) -> None:
-    ignore_interrupts()
+    worker_setup()
     try:
         measure = factory(*args)
     except BaseException as e:  # reported to the parent, which stops
@@ -114,8 +127,8 @@ class WorkerEvaluator:
     def __enter__(self) -> WorkerEvaluator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(force=exc_type is not None)
 
     def limit(self) -> float:
         """Seconds the next config may take once its worker is up."""
@@ -194,9 +207,9 @@ class WorkerEvaluator:
         proc.join(30)
         return proc.exitcode
 
-    def close(self) -> None:
-        """Stop the worker (politely, then by force)."""
-        if self._conn is not None and self._proc is not None:
+    def close(self, force: bool = False) -> None:
+        """Stop the worker: politely, then by force (at once with ``force``: it may be busy)."""
+        if self._conn is not None and self._proc is not None and not force:
             try:
                 self._conn.send(None)
             except OSError:

@@ -4,8 +4,12 @@ and a wrong one are each recorded with their reason, and the tune still picks th
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
+import time
 from pathlib import Path
+
+import pytest
 
 from cli_harness import fake_distribution
 from test_cli import Flyreg, artifacts, table_rows
@@ -147,3 +151,33 @@ def test_a_hanging_build_fails_alone_and_the_journal_keeps_every_failure(tmp_pat
     assert log.read_text() == launched  # nothing launched again, not even the configs that crashed or hung
     (row,) = table_rows(again)
     assert row[2] == "K=1 MODE=ok" and row[-3:-1] == ["9", "4"]
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_hung_worker_ends_when_its_tune_is_killed(tmp_path: Path) -> None:
+    run, log = fragile_env(tmp_path, "abort")
+    proc = run.popen("tune", "fragile", "--spec", "n=16", "--device", "cpu", "--isolate",
+                     FLYREG_CANDIDATE_TIMEOUT="600")
+    deadline = time.monotonic() + 300
+    hung = []
+    while not hung and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        hung = [line.split() for line in log.read_text().split("\n") if line.startswith("hang ")] if log.exists() else []
+    assert hung, proc.communicate()
+    worker = int(hung[0][1])
+    assert _running(worker)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(worker)
