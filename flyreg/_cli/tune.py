@@ -32,7 +32,8 @@ from flyreg._cli.isolated_jobs import ISOLATE_ABOVE
 @click.option("--fresh", is_flag=True, help="Time every config again instead of reading the tuning journal.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Compile candidates in a pool of processes and time them in a worker process, so one that "
-                   f"crashes or hangs fails alone (default: on for a space of more than {ISOLATE_ABOVE} configs on CUDA).")
+                   f"crashes or hangs fails alone (default: on for a space of more than {ISOLATE_ABOVE} configs "
+                   "on CUDA).")
 @user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
          out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,

@@ -110,12 +110,14 @@ class Evaluator:
                 out.update(self([*redo, *(c for c, _ in ready[i:])]))
                 return out
             except Rejected as e:
-                out[config] = self._reject(config, str(e))
+                self._reject(config, str(e))
+                out[config] = None
                 continue
             except self.fatal:
                 raise
             except Exception as e:  # a failing candidate is skipped, never fatal
-                out[config] = self._fail(config, reason(e), self.mode)
+                self._fail(config, reason(e), self.mode)
+                out[config] = None
                 continue
             self.timed[config] = result
             self.stats.benchmarks += 1

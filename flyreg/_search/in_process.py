@@ -135,12 +135,14 @@ class InProcessEvaluator(Evaluator):
                     for n, want in self.gate.expected.items():
                         why = why or mismatch(self.gate.written[n], want, f"in-place argument {n!r}")
                     if why:
-                        out[config] = self._reject(config, why)
+                        self._reject(config, why)
+                        out[config] = None
                         continue
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
             except Exception as e:  # a failing candidate is skipped, never fatal
-                out[config] = self._fail(config, reason(e), self.mode)
+                self._fail(config, reason(e), self.mode)
+                out[config] = None
                 continue
             self.launchers[config] = launcher
             ready.append((config, launcher))

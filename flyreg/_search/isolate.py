@@ -143,7 +143,7 @@ class WorkerEvaluator:
         return out
 
     def start(self) -> Any:
-        """Start the worker unless it runs; returns its ``info``. Raises :class:`IsolationError` when it cannot set up."""
+        """Start the worker unless it runs; returns its ``info``. :class:`IsolationError` when it cannot set up."""
         if self._conn is None:
             self._start()
         return self.info

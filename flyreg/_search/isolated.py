@@ -44,7 +44,8 @@ class IsolatedEvaluator(Evaluator):
         ready = []
         for config in todo:
             if config in failed:
-                out[config] = self._fail(config, failed[config], self.mode)
+                self._fail(config, failed[config], self.mode)
+                out[config] = None
             else:
                 ready.append((config, config))
         return ready

@@ -168,10 +168,11 @@ def test_a_hung_worker_ends_when_its_tune_is_killed(tmp_path: Path) -> None:
     proc = run.popen("tune", "fragile", "--spec", "n=16", "--device", "cpu", "--isolate",
                      FLYREG_CANDIDATE_TIMEOUT="600")
     deadline = time.monotonic() + 300
-    hung = []
+    hung: list[list[str]] = []
     while not hung and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-        hung = [line.split() for line in log.read_text().split("\n") if line.startswith("hang ")] if log.exists() else []
+        lines = log.read_text().split("\n") if log.exists() else []
+        hung = [line.split() for line in lines if line.startswith("hang ")]
     assert hung, proc.communicate()
     worker = int(hung[0][1])
     assert _running(worker)
