@@ -12,7 +12,7 @@ from flyreg._artifacts.names import canonical_spec, spec_text
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
 from flyreg._core.results import CallKey, TunerStats
-from flyreg._plugins.registry import REGISTRY
+from flyreg._plugins import registry
 from flyreg._runtime.tuner import Autotuner, call_of
 from flyreg._search.candidates import Measured
 from flyreg._search.engine import Call
@@ -24,7 +24,7 @@ _made: dict[tuple[str, str, str], tuple[Autotuner, CallKey, Call, dict[str, JSON
 
 def tuned_spec(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], device: str) -> dict[str, JSONScalar]:
     """The spec ``specialize()`` gives the call, checked against the op's axes, as an artifact names it."""
-    plugin = REGISTRY.plugin(op)
+    plugin = registry.REGISTRY.plugin(op)
     return canonical_spec(plugin.check_spec(canonical_spec(plugin.specialize(args, kwargs),
                                                            f"{op}: specialize() result"), device))
 
@@ -35,8 +35,8 @@ def _op_call(op: str, spec: dict[str, JSONScalar], device: str) -> tuple[Autotun
     key = (op, spec_text(spec), device)
     if key not in _made:
         _made.clear()
-        tuner = REGISTRY.tuner(op)
-        args, kwargs = REGISTRY.plugin(op).make_inputs(dict(spec), device)
+        tuner = registry.REGISTRY.tuner(op)
+        args, kwargs = registry.REGISTRY.plugin(op).make_inputs(dict(spec), device)
         ck, call = call_of(tuner, args, kwargs)
         _made[key] = (tuner, ck, call, tuned_spec(op, args, kwargs, device))
     return _made[key]
@@ -80,8 +80,8 @@ def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: di
 def op_config_timer(op: str, spec: dict[str, JSONScalar], device: str) -> Callable[[Config], float]:
     """``time(config) -> ms`` for ``op`` on ``spec``: the inputs are made once, each config is checked
     and timed as a search would (see :func:`flyreg._search.isolate.WorkerEvaluator`)."""
-    tuner = REGISTRY.tuner(op)
-    args, kwargs = REGISTRY.plugin(op).make_inputs(spec, device)
+    tuner = registry.REGISTRY.tuner(op)
+    args, kwargs = registry.REGISTRY.plugin(op).make_inputs(spec, device)
 
     def time_config(config: Config) -> float:
         return tuner.time_config(config, *args, **kwargs)
