@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from flyreg._cli.tune_jobs import Job, one_line, plan_jobs, spec_str
+from flyreg._cli.plan import Job, plan_jobs
+from flyreg._cli.text import one_line, spec_str
 from flyreg._core.keys import identity_of
 from flyreg._runtime.record_file import Served, read
 

@@ -10,7 +10,7 @@ import click
 from flyreg._cli.report_data import OpReport, collect
 from flyreg._cli.report_html import page
 from flyreg._cli.report_plots import missing_matplotlib
-from flyreg._cli.tune_jobs import make_console
+from flyreg._cli.text import make_console
 from flyreg._core.fileio import write_text_atomic
 from flyreg._core.keys import DeviceIdentity
 from flyreg._search import journal

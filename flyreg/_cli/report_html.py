@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from flyreg._cli.report_data import OpReport, SpecResult
 from flyreg._cli.report_plots import bound_plots, speedup_plots, spread_plots
-from flyreg._cli.tune_jobs import config_str, spec_str
+from flyreg._cli.text import config_str, spec_str
 from flyreg._version import __version__
 
 STYLE = """

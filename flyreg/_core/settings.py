@@ -95,6 +95,12 @@ def default_compile_threads() -> int:
     return min(16, os.cpu_count() or 1)
 
 
+def default_compile_workers() -> int:
+    """Processes compiling an isolated search's candidates when ``FLYREG_COMPILE_WORKERS`` is unset: the CPU
+    count, at most 8 (each imports torch and the op's backend)."""
+    return min(8, os.cpu_count() or 1)
+
+
 @attrs.frozen
 class Variable:
     """One environment variable: its ``name``, the :class:`Settings` ``field`` it sets, what values
@@ -125,6 +131,12 @@ VARIABLES: tuple[Variable, ...] = (
              _names, frozenset),
     Variable("FLYREG_COMPILE_THREADS", "compile_threads", "an int >= 1", "the CPU count, at most 16",
              "threads that bind (and so compile) a search's candidates", _positive_int, default_compile_threads),
+    Variable("FLYREG_COMPILE_WORKERS", "compile_workers", "an int >= 1", "the CPU count, at most 8",
+             "processes that compile an isolated search's candidates (`flyreg tune --isolate`)", _positive_int,
+             default_compile_workers),
+    Variable("FLYREG_CANDIDATE_TIMEOUT", "candidate_timeout", "seconds > 0", "30",
+             "the least time an isolated candidate may take before it counts as hung (the limit is 20 times "
+             "the slowest candidate so far, at least this)", _positive_seconds, lambda: 30.0),
     Variable("FLYREG_PLUGIN_TIMEOUT", "plugin_timeout", "seconds > 0", "30",
              "how long an op's plugin may take to import and describe itself before it is marked broken", _positive_seconds, lambda: 30.0),
     Variable("FLYREG_RECORD", "record", "a file", "none",
@@ -146,6 +158,8 @@ class Settings:
     config_dirs: tuple[Path, ...]
     disable_ops: frozenset[str]
     compile_threads: int
+    compile_workers: int
+    candidate_timeout: float
     plugin_timeout: float
     record: Path | None = None
 

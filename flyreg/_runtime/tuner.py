@@ -239,8 +239,8 @@ class Autotuner:
         return CallKey(spec, named, device, ident, pkey)
 
     def _resolve_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], ck: CallKey | None = None) -> Resolution:
-        ck = ck if ck is not None else self._call_key(args, kwargs)
-        return resolution.resolve_call(self, Request(ck.spec, ck.ident, ck.pkey, Call(args, kwargs, ck.named, ck.device)))
+        ck, call = call_of(self, args, kwargs, ck)
+        return resolution.resolve_call(self, Request(ck.spec, ck.ident, ck.pkey, call))
 
     # -- binding and searching --------------------------------------------------------------
     def bind(self, config: Config, spec: dict[str, JSONScalar], args: tuple[Any, ...],
@@ -258,11 +258,10 @@ class Autotuner:
         flags and ``resume=True``. A failed artifact write raises OSError after the winner is stored
         in memory and in the scratch cache.
         """
-        ck = self._call_key(args, kwargs)
+        ck, call = call_of(self, args, kwargs)
         if resolution.capturing(ck.device):
             raise GraphCaptureError(f"{self.name}: tune() called while a CUDA graph is being captured; "
                                     f"tune before capture (a search benchmarks and synchronizes)")
-        call = Call(args, kwargs, ck.named, ck.device)
         settings = self.settings.with_run(**search_options) if search_options else None
         res, error = search(self, ck.spec, ck.ident, ck.pkey, call, emit=emit, out_dir=out_dir, settings=settings)
         self.memory.record(ck.pkey, ck.spec, ck.ident, res)
@@ -275,11 +274,19 @@ class Autotuner:
     def time_config(self, config: Config, *args: Any, **kwargs: Any) -> float:
         """Check ``config`` against the reference on this call and time it (ms), as a search does; stores
         nothing. Raises :class:`TuneError` when the config fails or computes a wrong result."""
-        ck = self._call_key(args, kwargs)
-        return time_config(self, config, ck.spec, Call(args, kwargs, ck.named, ck.device))
+        ck, call = call_of(self, args, kwargs)
+        return time_config(self, config, ck.spec, call)
 
 
 _SEQUENCES = (list, tuple)
+
+
+def call_of(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any],
+            ck: CallKey | None = None) -> tuple[CallKey, Call]:
+    """A call's key (its spec, device identity and scratch-cache key; ``ck`` if already built) and the
+    call a search runs on."""
+    ck = ck if ck is not None else tuner._call_key(args, kwargs)
+    return ck, Call(args, kwargs, ck.named, ck.device)
 
 
 def _refuse_grad(op: str, names: list[str]) -> None:

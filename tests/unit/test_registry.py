@@ -725,7 +725,7 @@ def test_in_tree_and_thirdparty_plugins_pass_the_check(monkeypatch: pytest.Monke
 # -- flyreg tune's view of an existing artifact ----------------------------------------------------------
 
 def _plan(out_dir: Path) -> list[Any]:
-    from flyreg._cli.tune_jobs import plan_jobs
+    from flyreg._cli.plan import plan_jobs
 
     return plan_jobs(["rowscale"], [], "cpu", out_dir, force=False)
 

@@ -82,6 +82,10 @@ def test_every_boolean_spelling(monkeypatch: pytest.MonkeyPatch, raw: str, value
     ("FLYREG_COMPILE_THREADS", "-1", "an int >= 1"),
     ("FLYREG_COMPILE_THREADS", "abc", "an int >= 1"),
     ("FLYREG_COMPILE_THREADS", "2.5", "an int >= 1"),
+    ("FLYREG_COMPILE_WORKERS", "0", "an int >= 1"),
+    ("FLYREG_COMPILE_WORKERS", "many", "an int >= 1"),
+    ("FLYREG_CANDIDATE_TIMEOUT", "0", "seconds > 0"),
+    ("FLYREG_CANDIDATE_TIMEOUT", "inf", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "0", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "-3", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "nan", "seconds > 0"),
@@ -102,11 +106,13 @@ def test_a_bad_value_warns_once_naming_it_and_the_default_is_used(name: str, raw
 def test_good_values_are_read(tmp_path: Path) -> None:
     env = {"FLYREG_AUTOTUNE": "yes", "FLYREG_CACHE_DIR": str(tmp_path / "c"),
            "FLYREG_CONFIG_DIR": os.pathsep.join([str(tmp_path / "a"), "", str(tmp_path / "b")]),
-           "FLYREG_DISABLE_OPS": " x, y ,,", "FLYREG_COMPILE_THREADS": " 3 ", "FLYREG_PLUGIN_TIMEOUT": "2.5"}
+           "FLYREG_DISABLE_OPS": " x, y ,,", "FLYREG_COMPILE_THREADS": " 3 ", "FLYREG_COMPILE_WORKERS": "2",
+           "FLYREG_CANDIDATE_TIMEOUT": "7.5", "FLYREG_PLUGIN_TIMEOUT": "2.5"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         s = Settings.from_env(env)
-    assert s == Settings(True, tmp_path / "c", (tmp_path / "a", tmp_path / "b"), frozenset({"x", "y"}), 3, 2.5)
+    assert s == Settings(True, tmp_path / "c", (tmp_path / "a", tmp_path / "b"), frozenset({"x", "y"}), 3, 2, 7.5,
+                         2.5)
 
 
 def test_a_bad_compile_thread_count_with_autotune_does_not_break_the_first_call(
