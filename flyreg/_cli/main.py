@@ -96,6 +96,22 @@ def _device_syntax(_ctx: click.Context, _param: click.Parameter, value: str | No
     return "cpu" if m[1] == "cpu" else m[0]
 
 
+def _ray_address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``--ray``'s address ("local" when given alone); Ray must be installed."""
+    if value is None:
+        return None
+    from flyreg._cli.ray_pool import ray_missing
+
+    missing = ray_missing()
+    if missing is not None:
+        raise click.ClickException(missing)
+    if value not in ("local", "auto") and ":" not in value:
+        raise click.BadParameter(f"expected a Ray address (HOST:PORT, ray://HOST:PORT or auto), got {value!r}; "
+                                 f"for a local instance put --ray after the OPs, or write --ray=local",
+                                 param_hint="--ray")
+    return value
+
+
 def resolve_device(device: str | None) -> str:
     """``device`` (already syntax-checked) checked against this machine; None picks a GPU if present."""
     if device == "cpu":
@@ -235,10 +251,17 @@ def list_ops(as_json: bool, device: str | None) -> None:
               help="Seconds each spec's search may take before its final round (default: no limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the local search's random choices.")
 @click.option("--fresh", is_flag=True, help="Time every config again instead of reading the tuning journal.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, callback=_ray_address,
+              metavar="[ADDRESS]", help="Tune on Ray actors, one per GPU: a local instance, or the cluster at ADDRESS "
+                                        "(HOST:PORT, ray://HOST:PORT or auto). Needs flyreg[ray].")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --ray: how many actors (default: one per GPU, or one per CPU when tuning on the CPU).")
+@click.option("--device-name", default=None, metavar="NAME",
+              help="With --ray: tune only on the actors whose device is this model (as `flyreg list` names it).")
 @_user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
          out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,
-         fresh: bool) -> None:
+         fresh: bool, ray_address: str | None, workers: int | None, device_name: str | None) -> None:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
@@ -256,13 +279,22 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     if specs and where:
         raise click.UsageError("--where filters the ops' workloads; with --spec there are none to filter")
     _check_op_names(names)
+    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
+    if ray_address is not None:
+        from flyreg._cli.ray_tune import Request, tune_on_ray
+
+        if device is not None and device not in ("cpu", "cuda"):
+            raise click.BadParameter("with --ray, cpu or cuda: Ray gives each actor its GPU", param_hint="--device")
+        request = Request(names, specs, where, _out_dir(out, create=not dry_run), force, options)
+        sys.exit(tune_on_ray(request, ray_address, device, workers, device_name, dry_run))
+    if workers is not None or device_name is not None:
+        raise click.UsageError(f"{'--workers' if workers is not None else '--device-name'} needs --ray")
     dev = resolve_device(device)
     out_dir = _out_dir(out, create=not dry_run)
     jobs = plan_jobs(names, specs, dev, out_dir, force, where)
     if dry_run:
         print_plan(jobs, dev, out_dir)
         sys.exit(0)
-    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
     sys.exit(run_jobs(jobs, dev, out_dir, force, options))
 
 

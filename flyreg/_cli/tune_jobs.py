@@ -60,7 +60,7 @@ def count_artifacts(op: str, device: DeviceIdentity, plugin_dirs: Iterable[Path]
     return len(names)
 
 
-def _skip_reason(op: str, spec: dict[str, Any], ident: DeviceIdentity, out_dir: Path) -> str | None:
+def skip_reason(op: str, spec: dict[str, Any], ident: DeviceIdentity, out_dir: Path) -> str | None:
     """"current artifact" when lookup would serve the artifact in ``out_dir`` for ``spec`` as it is
     (the resolution chain's current-artifact source), so tuning it again is not needed. Any other
     file at that name is re-tuned (and, if malformed, moved aside first)."""
@@ -92,9 +92,11 @@ def _matches(spec: dict[str, Any], where: list[dict[str, Any]]) -> bool:
 
 
 def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out_dir: Path,
-              force: bool, where: list[dict[str, Any]] | None = None) -> list[Job]:
+              force: bool, where: list[dict[str, Any]] | None = None,
+              ident: DeviceIdentity | None = None) -> list[Job]:
     """The jobs: each op's ``--spec`` values or declared workloads (those matching a ``where``
-    filter, when given); current artifacts are skipped.
+    filter, when given); current artifacts are skipped. ``device`` is the device type or string the
+    hooks are asked about; ``ident`` the product whose artifacts count (default: ``device``'s).
 
     ``op_names`` empty means every registered op: a broken op becomes a failed job, a disabled
     one (or one that declares nothing to tune here) a skipped job. An op named explicitly that
@@ -113,7 +115,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
                                 else Job(i.name, {}, skip="disabled by FLYREG_DISABLE_OPS"))
                        for i in infos if i.status != "ok"}
         names = sorted([*names, *unavailable])
-    ident = identity_of(device)
+    ident = ident if ident is not None else identity_of(device)
     jobs: list[Job] = []
     for name in names:
         if name in unavailable:
@@ -162,7 +164,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             seen.add(spec_text(spec))
             job = Job(name, spec)
             if not force:
-                job.skip = _skip_reason(name, spec, ident, out_dir)
+                job.skip = skip_reason(name, spec, ident, out_dir)
             jobs.append(job)
         if where and not matched and not specs:
             unknown = sorted({k for w in where for k in w} - axes)
@@ -172,25 +174,34 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
     return jobs
 
 
+def job_inputs(op: str, spec: dict[str, Any], device: str) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """The inputs ``make_inputs`` makes for ``spec`` on ``device``, and the spec ``specialize()`` computes from them
+    (checked and canonical): what a job tunes, here or on a Ray actor."""
+    from flyreg._plugins.registry import REGISTRY
+
+    plugin = REGISTRY.plugin(op)
+    args, kwargs = plugin.make_inputs(dict(spec), device)
+    tuned = canonical_spec(plugin.check_spec(canonical_spec(plugin.specialize(args, kwargs),
+                                                            f"{op}: specialize() result"), device))
+    return args, kwargs, tuned
+
+
 def _tune_one(job: Job, device: str, out_dir: Path, force: bool, options: dict[str, Any]) -> None:
     from flyreg._plugins.registry import REGISTRY
 
-    plugin = REGISTRY.plugin(job.op)
     tuner = REGISTRY.tuner(job.op)
-    args, kwargs = plugin.make_inputs(dict(job.spec), device)
-    spec = canonical_spec(plugin.check_spec(canonical_spec(plugin.specialize(args, kwargs),
-                                                           f"{job.op}: specialize() result"), device))
+    args, kwargs, spec = job_inputs(job.op, job.spec, device)
     if spec_text(spec) != spec_text(job.spec):
         job.tuned_spec = spec
         if not force:
-            job.skip = _skip_reason(job.op, spec, identity_of(device), out_dir)
+            job.skip = skip_reason(job.op, spec, identity_of(device), out_dir)
             if job.skip:
                 return
     job.result = tuner.tune(*args, out_dir=out_dir, search_options=options, **kwargs)
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
+def sigterm_as_interrupt() -> Iterator[list[int]]:
     """While tuning, SIGTERM stops like Ctrl-C (so no temp file is left); yields the signal seen."""
     seen: list[int] = []
 
@@ -217,24 +228,16 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
     0: every job tuned or skipped; 1: some job failed; 130 (143): stopped by SIGINT (SIGTERM),
     with every artifact written so far kept and no partial file left.
     """
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
     from flyreg._runtime.builds import BUILD_CACHE
 
-    console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]
     interrupted: int | None = None
     builds0, start = BUILD_CACHE.builds, time.perf_counter()
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
-    with _sigterm_as_interrupt() as signals:
+    with sigterm_as_interrupt() as signals:
         try:
-            with Progress(*columns, console=make_console(stderr=True), transient=False,
-                          disable=not todo) as progress:
-                task = progress.add_task("tuning", total=len(todo))
+            with progress_bar(len(todo)) as bar:
                 for job in todo:
-                    progress.update(task, description=f"{job.op} {spec_str(job.spec)}")
+                    bar.show(job)
                     t0 = time.perf_counter()
                     try:
                         _tune_one(job, device, out_dir, force, options if options is not None else {"resume": True})
@@ -243,16 +246,50 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
                     except Exception as e:  # one failing job never stops the others
                         job.error = one_line(e)
                     job.seconds = time.perf_counter() - t0
-                    progress.advance(task)
+                    bar.done(job)
         except KeyboardInterrupt:
             interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
-    _summary(console, jobs, device, out_dir)
-    if todo and interrupted is None:
+    console = make_console()
+    summary(console, jobs, identity_of(device), out_dir)
+    return finish(console, jobs, bool(todo), interrupted, force, BUILD_CACHE.builds - builds0,
+                  time.perf_counter() - start)
+
+
+class ProgressBar:
+    """The tune's progress bar (on stderr): the job last started or done, how many are done, times."""
+
+    def __init__(self, progress: Any, total: int) -> None:
+        self.progress = progress
+        self.task = progress.add_task("tuning", total=total)
+
+    def show(self, job: Job) -> None:
+        self.progress.update(self.task, description=f"{job.op} {spec_str(job.spec)}")
+
+    def done(self, job: Job) -> None:
+        self.progress.update(self.task, description=f"{job.op} {spec_str(job.spec)}", advance=1)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int) -> Iterator[ProgressBar]:
+    """A :class:`ProgressBar` over ``total`` jobs (none shown when there are none)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=make_console(stderr=True), transient=False, disable=not total) as progress:
+        yield ProgressBar(progress, total)
+
+
+def finish(console: Any, jobs: list[Job], tuned_any: bool, interrupted: int | None, force: bool, builds: int,
+           seconds: float) -> int:
+    """The lines after the summary (the cost, or how to go on after an interruption); returns the exit code."""
+    if tuned_any and interrupted is None:
         results = [j.result for j in jobs if j.result is not None]
         timed, reused = sum(len(r.timings) for r in results), sum(r.reused for r in results)
         journaled = f" ({reused} results read from the tuning journal)" if reused else ""
-        console.print(f"cost: {timed} configs benchmarked{journaled}, {BUILD_CACHE.builds - builds0} builds, "
-                      f"{time.perf_counter() - start:.1f} s", markup=False, highlight=False)
+        console.print(f"cost: {timed} configs benchmarked{journaled}, {builds} builds, {seconds:.1f} s",
+                      markup=False, highlight=False)
     if interrupted is not None:
         again = "the same command without --force" if force else "the same command"
         console.print(f"interrupted: the artifacts written so far are kept; run {again} again to tune the rest",
@@ -261,11 +298,11 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
     return EXIT_FAILED if any(j.error for j in jobs) else EXIT_OK
 
 
-def print_plan(jobs: list[Job], device: str, out_dir: Path) -> None:
-    """The ``--dry-run`` table: each job and what ``tune`` would do with it."""
+def print_plan(jobs: list[Job], device: str, out_dir: Path, ident: DeviceIdentity | None = None) -> None:
+    """The ``--dry-run`` table: each job and what ``tune`` would do with it (on ``ident``, default ``device``'s)."""
     from rich.table import Table
 
-    ident = identity_of(device)
+    ident = ident if ident is not None else identity_of(device)
     console = make_console()
     table = Table(title=f"flyreg tune --dry-run on {ident.name} ({ident.arch})")
     table.add_column("op", no_wrap=True)
@@ -314,10 +351,10 @@ def _time(ms: float) -> str:
     return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
 
 
-def _summary(console: Any, jobs: list[Job], device: str, out_dir: Path) -> None:
+def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path) -> None:
+    """The summary table of the jobs tuned on ``ident``, and their counts."""
     from rich.table import Table
 
-    ident = identity_of(device)
     table = Table(title=f"flyreg tune on {ident.name} ({ident.arch})")
     for col, justify in (("op", "left"), ("spec", "left"), ("winner", "left"), ("time", "right"),
                          ("vs default", "right"), ("tried", "right"), ("failed", "right")):
