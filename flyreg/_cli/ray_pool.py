@@ -75,7 +75,8 @@ def connect(address: str, device: str | None, workers: int | None) -> str:
         try:
             ray.init(address=address, **quiet)
         except (ConnectionError, ValueError, RuntimeError) as e:
-            raise ConnectionError(f"could not join the Ray cluster at {address!r}: {one_line(e, typed=False)}") from None
+            raise ConnectionError(f"could not join the Ray cluster at {address!r}: {one_line(e, typed=False)} (one "
+                                  f"with token authentication needs RAY_AUTH_MODE=token and its token)") from None
     gpus = int(ray.cluster_resources().get("GPU", 0))
     device = device or ("cuda" if gpus else "cpu")
     if device == "cuda" and not gpus:
