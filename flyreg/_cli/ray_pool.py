@@ -92,14 +92,15 @@ def nodes() -> list[str]:
 
 
 def start_workers(device: str, count: int | None) -> list[Worker]:
-    """``count`` actors (default: one per GPU, or one per CPU for ``"cpu"``), each with its device model;
-    an actor that does not start within :data:`START_TIMEOUT_S` is given up."""
+    """``count`` actors (at most, and by default, one per GPU, or one per CPU for ``"cpu"``), each with its
+    device model; an actor that does not start within :data:`START_TIMEOUT_S` is given up."""
     import ray
 
     from flyreg._cli.ray_actor import TuneActor
 
     resource = "GPU" if device == "cuda" else "CPU"
-    count = count or int(ray.cluster_resources().get(resource, 0))
+    total = int(ray.cluster_resources().get(resource, 0))
+    count = min(count, total) if count else total
     if count < 1:
         raise LookupError(f"the Ray cluster has no {resource} for an actor")
     needs = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}

@@ -46,12 +46,8 @@ def tune_on_ray(request: Request, address: str, device: str | None, workers: int
     from flyreg._cli.ray_pool import connect, nodes, start_workers
 
     try:
-        with sigterm_as_interrupt() as signals:
-            try:
-                device = connect(address, device, workers)
-                pool = _chosen(start_workers(device, workers), device_name)
-            except KeyboardInterrupt:
-                return EXIT_SIGTERM if signals else EXIT_SIGINT
+        device = connect(address, device, workers)
+        pool = _chosen(start_workers(device, workers), device_name)
         groups: dict[DeviceIdentity, list[Job]] = {}
         for ident in dict.fromkeys(w.ident for w in pool):
             groups[ident] = plan_jobs(request.op_names, request.specs, device, request.out_dir, request.force,
