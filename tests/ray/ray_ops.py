@@ -1,9 +1,10 @@
 """The test ops of the Ray tests, each the module of a fake third-party distribution.
 
 ``paced``: two configs whose calls sleep 0.5 and 2 ms, so the winner is the same whoever times it.
-``fragile``: like ``paced``, but the first process that tunes spec ``n=3`` kills itself with
-SIGKILL in the middle of the search (``FRAGILE_MARKER`` records its pid); every process notes
-which spec it makes inputs for in ``FRAGILE_LOG``.
+``fragile``: like ``paced``, but its ``specialize()`` adds the axis ``dtype`` to the planned spec;
+the first process that tunes spec ``n=3`` kills itself with SIGKILL in the middle of the search
+(``FRAGILE_MARKER`` records its pid); every config fails on ``n=4``; every process notes which
+spec it makes inputs for in ``FRAGILE_LOG``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,15 @@ def build(config, spec):
     def launch(x):
         time.sleep(delay)
         _die_once(spec)
+        if spec["n"] == 4:
+            raise RuntimeError("no config runs on n=4")
         return x * 2
+''').replace('''@hookimpl
+def specialize(args, kwargs):
+    return {"n": int(args[0].shape[0])}
+''', '''@hookimpl
+def specialize(args, kwargs):
+    return {"n": int(args[0].shape[0]), "dtype": str(args[0].dtype).removeprefix("torch.")}
 ''').replace('''@hookimpl
 def make_inputs(spec, device):
 ''', '''@hookimpl
@@ -99,4 +108,4 @@ def make_inputs(spec, device):
     with open(os.environ["FRAGILE_LOG"], "a", encoding="utf-8") as f:
         f.write(f"{spec['n']} {os.getpid()}\\n")
 ''')
-assert FRAGILE.count("_die_once") == 2 and "FRAGILE_LOG" in FRAGILE
+assert FRAGILE.count("_die_once") == 2 and "FRAGILE_LOG" in FRAGILE and '"dtype":' in FRAGILE
