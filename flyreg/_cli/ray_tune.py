@@ -18,9 +18,9 @@ import attrs
 from flyreg._artifacts.names import spec_text
 from flyreg._cli.ray_actor import JobResult
 from flyreg._cli.ray_pool import Stream, Ticket, Worker
-from flyreg._cli.tune_jobs import (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, Job, finish, make_console, one_line,
-                                   plan_jobs, print_plan, progress_bar, sigterm_as_interrupt, skip_reason, spec_str,
-                                   summary)
+from flyreg._cli.tune_jobs import (EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, Job, finish, one_line, plan_jobs, print_plan,
+                                   sigterm_as_interrupt, skip_reason, summary)
+from flyreg._cli.tune_output import make_console, progress_bar, spec_str
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, sanitize
 from flyreg._search import journal
@@ -88,7 +88,7 @@ def _run(request: Request, pool: list[Worker], groups: dict[DeviceIdentity, list
     with sigterm_as_interrupt() as signals, progress_bar(len(todo)) as bar:
 
         def call(worker: Worker, ticket: Ticket) -> Any:
-            bar.show(ticket.job)
+            bar.show(ticket.job.op, ticket.job.spec)
             known = _journaled(ticket) if request.options.get("resume", True) else []
             return worker.handle.tune.remote(ticket.job.op, ticket.spec, request.options, known, ticket.go_on)
 
@@ -105,7 +105,7 @@ def _run(request: Request, pool: list[Worker], groups: dict[DeviceIdentity, list
                     continue
                 if result is not None:
                     builds += result.builds
-                bar.done(ticket.job)
+                bar.done(ticket.job.op, ticket.job.spec)
             stream.close()
         except KeyboardInterrupt:
             stream.stop()

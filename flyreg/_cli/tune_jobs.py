@@ -6,7 +6,6 @@ Part of the command (imports rich); never imported by ``import flyreg``.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import time
 from collections.abc import Iterable, Iterator
@@ -17,8 +16,8 @@ import attrs
 
 from flyreg._artifacts.names import canonical_spec, name_part, spec_text
 from flyreg._artifacts.store import index, lookup_dirs
-from flyreg._core.config import Config
 from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._cli.tune_output import config_str, escape, make_console, progress_bar, spec_str, time_text
 
 #: Exit codes of ``flyreg tune``.
 EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
@@ -237,7 +236,7 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
         try:
             with progress_bar(len(todo)) as bar:
                 for job in todo:
-                    bar.show(job)
+                    bar.show(job.op, job.spec)
                     t0 = time.perf_counter()
                     try:
                         _tune_one(job, device, out_dir, force, options if options is not None else {"resume": True})
@@ -246,39 +245,13 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
                     except Exception as e:  # one failing job never stops the others
                         job.error = one_line(e)
                     job.seconds = time.perf_counter() - t0
-                    bar.done(job)
+                    bar.done(job.op, job.spec)
         except KeyboardInterrupt:
             interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
     console = make_console()
     summary(console, jobs, identity_of(device), out_dir)
     return finish(console, jobs, bool(todo), interrupted, force, BUILD_CACHE.builds - builds0,
                   time.perf_counter() - start)
-
-
-class ProgressBar:
-    """The tune's progress bar (on stderr): the job last started or done, how many are done, times."""
-
-    def __init__(self, progress: Any, total: int) -> None:
-        self.progress = progress
-        self.task = progress.add_task("tuning", total=total)
-
-    def show(self, job: Job) -> None:
-        self.progress.update(self.task, description=f"{job.op} {spec_str(job.spec)}")
-
-    def done(self, job: Job) -> None:
-        self.progress.update(self.task, description=f"{job.op} {spec_str(job.spec)}", advance=1)
-
-
-@contextlib.contextmanager
-def progress_bar(total: int) -> Iterator[ProgressBar]:
-    """A :class:`ProgressBar` over ``total`` jobs (none shown when there are none)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=make_console(stderr=True), transient=False, disable=not total) as progress:
-        yield ProgressBar(progress, total)
 
 
 def finish(console: Any, jobs: list[Job], tuned_any: bool, interrupted: int | None, force: bool, builds: int,
@@ -310,45 +283,11 @@ def print_plan(jobs: list[Job], device: str, out_dir: Path, ident: DeviceIdentit
     table.add_column("action", overflow="fold", ratio=1)
     for j in jobs:
         action = f"fail: {j.error}" if j.error else f"skip: {j.skip}" if j.skip else "tune"
-        table.add_row(_escape(j.op), _escape(spec_str(j.spec) or "-"), _escape(action))
+        table.add_row(escape(j.op), escape(spec_str(j.spec) or "-"), escape(action))
     console.print(table)
     n = sum(1 for j in jobs if j.skip is None and j.error is None)
     console.print(f"{n} job(s) to tune, {len(jobs) - n} not; artifacts would go to {out_dir}",
                   markup=False, highlight=False)
-
-
-def make_console(stderr: bool = False) -> Any:
-    """A rich console; wide enough for the summary when the output is not a terminal."""
-    from rich.console import Console
-
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=160)
-
-
-def config_str(config: Config) -> str:
-    """``Config(BLOCK_N=1024, num_warps=4)`` -> ``BLOCK_N=1024 num_warps=4``."""
-    return " ".join(f"{k}={v}" for k, v in (*config.knobs, *config.hint_items)) or "(no knobs)"
-
-
-def spec_str(spec: dict[str, Any]) -> str:
-    """``{"N": 4096, "dtype": "bfloat16"}`` -> ``N=4096,dtype=bfloat16``: what ``--spec`` takes back.
-
-    Values are written as JSON, except strings that read back as themselves (``"8192"`` is quoted).
-    """
-    return ",".join(f"{k}={v if isinstance(v, str) and not _reads_as_json(v) else json.dumps(v)}"
-                    for k, v in sorted(spec.items()))
-
-
-def _reads_as_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _time(ms: float) -> str:
-    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
 
 
 def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path) -> None:
@@ -368,25 +307,19 @@ def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path)
         r = j.result
         if r is not None:
             speedup = f"{r.speedup:.2f}x" if r.speedup else "-"
-            table.add_row(_escape(j.op), _escape(spec), config_str(r.winner), _time(r.winner_ms), speedup,
+            table.add_row(escape(j.op), escape(spec), config_str(r.winner), time_text(r.winner_ms), speedup,
                           str(r.tried), str(len(r.failed) + len(r.rejected)), "written")
             continue
         if j.error:
-            state = f"[red]failed[/red]: {_escape(j.error)}"
+            state = f"[red]failed[/red]: {escape(j.error)}"
         elif j.skip:
-            state = f"skipped: {_escape(j.skip)}"
+            state = f"skipped: {escape(j.skip)}"
         else:
             state = "[yellow]not run (interrupted)[/yellow]"
-        table.add_row(_escape(j.op), _escape(spec), "", "", "", "", "", state)
+        table.add_row(escape(j.op), escape(spec), "", "", "", "", "", state)
     console.print(table)
     counts = {s: sum(1 for j in jobs if j.state == s) for s in ("tuned", "skipped", "failed", "pending")}
     line = f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed"
     if counts["pending"]:
         line += f", {counts['pending']} not run"
     console.print(f"{line}; artifacts in {out_dir}", markup=False, highlight=False)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
