@@ -25,6 +25,7 @@ from flyreg._core.config import Config
 from flyreg._core.fileio import process_gone
 from flyreg._core.keys import DeviceIdentity, identity_of
 from flyreg._core.results import TuneReport
+from flyreg._core.settings import set_cache_dir
 from flyreg._core.toolchain import fingerprint
 from flyreg._search import journal
 
@@ -63,7 +64,7 @@ class TuneActor:
         _remove_dead_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"flyreg-ray-{os.getpid()}-"))
         atexit.register(shutil.rmtree, self.workdir, True)
-        os.environ["FLYREG_CACHE_DIR"] = str(self.workdir)
+        set_cache_dir(self.workdir)
 
     def identity(self) -> DeviceIdentity:
         """The product this actor tunes on (read from its device)."""
