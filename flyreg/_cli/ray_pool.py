@@ -24,6 +24,8 @@ from flyreg._core.keys import DeviceIdentity
 RETRIES = 2
 #: How long the actors may take to start and report their device (seconds).
 START_TIMEOUT_S = 300.0
+#: How long the actors may take to end after the last job (seconds).
+CLOSE_TIMEOUT_S = 10.0
 INSTALL = "pip install 'flyreg[ray]'"
 
 
@@ -195,9 +197,12 @@ class Stream:
         self.queue.clear()
 
     def close(self) -> None:
-        """End the actors once they are idle (their exit handlers remove their private dirs)."""
-        for worker in self.live:
-            worker.handle.__ray_terminate__.remote()
+        """End the actors once they are idle, waiting a little for their exit handlers (which remove their
+        private dirs)."""
+        import ray
+
+        ended = [worker.handle.__ray_terminate__.remote() for worker in self.live]
+        ray.wait(ended, num_returns=len(ended), timeout=CLOSE_TIMEOUT_S)
 
     def _start(self) -> None:
         """Hand each queued ticket an idle actor of its model, preferring one it did not die on."""
