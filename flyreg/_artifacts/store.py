@@ -143,8 +143,12 @@ def _ms(value: float | None) -> float | None:
 
 def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentity, config: Config, op_version: str,
                   time_ms: float | None, default_ms: float | None,
-                  out_dir: str | os.PathLike[str] | None = None) -> Path:
+                  out_dir: str | os.PathLike[str] | None = None,
+                  toolchain: Mapping[str, str] | None = None) -> Path:
     """Write the artifact of ``config`` atomically into ``out_dir`` (default :func:`emit_dir`); returns its path.
+
+    ``toolchain`` is the one the config was tuned with (default: this process's, :func:`fingerprint`
+    of ``op_version``): a config tuned in another process on another machine records that one.
 
     A malformed file already at that name (or one whose content is not what its name says) is
     moved aside to ``<name>.corrupt-<time>`` first, never overwritten; a well-formed artifact
@@ -160,7 +164,7 @@ def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentit
     _set_aside_if_malformed(path)
     write_json_atomic(path, {
         "schema": SCHEMA, "op": op, "spec": spec, "device": device.to_json(), "config": config.to_json(),
-        "provenance": {"toolchain": fingerprint(op_version), "flyreg": __version__,
+        "provenance": {"toolchain": dict(toolchain) if toolchain is not None else fingerprint(op_version), "flyreg": __version__,
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        "time_ms": _ms(time_ms), "default_ms": _ms(default_ms)},
     })

@@ -84,6 +84,22 @@ def device_syntax(_ctx: click.Context, _param: click.Parameter, value: str | Non
     return "cpu" if m[1] == "cpu" else m[0]
 
 
+def ray_address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``--ray``'s address ("local" when given alone); Ray must be installed."""
+    if value is None:
+        return None
+    from flyreg._cli.ray_pool import ray_missing
+
+    missing = ray_missing()
+    if missing is not None:
+        raise click.ClickException(missing)
+    if value not in ("local", "auto") and ":" not in value:
+        raise click.BadParameter(f"expected a Ray address (HOST:PORT, ray://HOST:PORT or auto), got {value!r}; "
+                                 f"for a local instance put --ray after the OPs, or write --ray=local",
+                                 param_hint="--ray")
+    return value
+
+
 def resolve_device(device: str | None) -> str:
     """``device`` (already syntax-checked) checked against this machine; None picks a GPU if present."""
     if device == "cpu":

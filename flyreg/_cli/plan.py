@@ -71,9 +71,11 @@ def _matches(spec: dict[str, Any], where: list[dict[str, Any]]) -> bool:
 
 
 def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out_dir: Path,
-              force: bool, where: list[dict[str, Any]] | None = None) -> list[Job]:
+              force: bool, where: list[dict[str, Any]] | None = None,
+              ident: DeviceIdentity | None = None) -> list[Job]:
     """The jobs: each op's ``--spec`` values or declared workloads (those matching a ``where``
-    filter, when given); current artifacts are skipped.
+    filter, when given); current artifacts are skipped. ``device`` is the device type or string the
+    hooks are asked about; ``ident`` the product whose artifacts count (default: ``device``'s).
 
     ``op_names`` empty means every registered op: a broken op becomes a failed job, a disabled
     one (or one that declares nothing to tune here) a skipped job. An op named explicitly that
@@ -92,7 +94,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
                                 else Job(i.name, {}, skip="disabled by FLYREG_DISABLE_OPS"))
                        for i in infos if i.status != "ok"}
         names = sorted([*names, *unavailable])
-    ident = identity_of(device)
+    ident = ident if ident is not None else identity_of(device)
     jobs: list[Job] = []
     for name in names:
         if name in unavailable:

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from flyreg._cli.common import artifact_dir, check_op_names, device_option, resolve_device, spec_values, user_errors
+from flyreg._cli.common import (artifact_dir, check_op_names, device_option, ray_address, resolve_device, spec_values,
+                                user_errors)
 from flyreg._cli.isolated_jobs import ISOLATE_ABOVE
 
 
@@ -34,12 +35,20 @@ from flyreg._cli.isolated_jobs import ISOLATE_ABOVE
               help="Compile candidates in a pool of processes and time them in a worker process, so one that "
                    f"crashes or hangs fails alone (default: on for a space of more than {ISOLATE_ABOVE} configs "
                    "on CUDA).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, callback=ray_address,
+              metavar="[ADDRESS]", help="Tune on Ray actors, one per GPU: a local instance, or the cluster at ADDRESS "
+                                        "(HOST:PORT, ray://HOST:PORT or auto). Needs flyreg[ray].")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --ray: how many actors (default: one per GPU, or one per CPU when tuning on the CPU).")
+@click.option("--device-name", default=None, metavar="NAME",
+              help="With --ray: tune only on the actors whose device is this model (as `flyreg list` names it).")
 @click.option("--from-record", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Tune the specs a serving record (FLYREG_RECORD) saw served by a default or a nearest artifact.")
 @user_errors
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
          out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,
-         fresh: bool, isolate: bool | None, from_record: Path | None) -> None:
+         fresh: bool, isolate: bool | None, ray_address: str | None, workers: int | None, device_name: str | None,
+         from_record: Path | None) -> None:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
@@ -61,6 +70,18 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     if from_record is not None and (specs or where):
         raise click.UsageError("--from-record tunes the record's specs; it takes no --spec or --where")
     check_op_names(names)
+    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
+    if ray_address is not None:
+        from flyreg._cli.ray_tune import Request, tune_on_ray
+
+        if from_record is not None:
+            raise click.UsageError("--from-record is not supported with --ray")
+        if device is not None and device not in ("cpu", "cuda"):
+            raise click.BadParameter("with --ray, cpu or cuda: Ray gives each actor its GPU", param_hint="--device")
+        request = Request(names, specs, where, artifact_dir(out, create=not dry_run), force, options)
+        sys.exit(tune_on_ray(request, ray_address, device, workers, device_name, dry_run))
+    if workers is not None or device_name is not None:
+        raise click.UsageError(f"{'--workers' if workers is not None else '--device-name'} needs --ray")
     dev = resolve_device(device)
     out_dir = artifact_dir(out, create=not dry_run)
     if from_record is not None:
@@ -72,7 +93,6 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     if dry_run:
         print_plan(jobs, dev, out_dir)
         sys.exit(0)
-    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
     sys.exit(run_jobs(jobs, dev, out_dir, force, options, isolate))
 
 

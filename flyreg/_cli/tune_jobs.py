@@ -14,26 +14,36 @@ from typing import Any
 
 from flyreg._cli.isolated_jobs import Isolation, isolated
 from flyreg._cli.plan import Job, tuned_as
-from flyreg._cli.text import make_console, one_line, spec_str
-from flyreg._cli.tune_output import summary
+from flyreg._cli.text import make_console, one_line
+from flyreg._cli.tune_output import progress_bar, summary
+from flyreg._core.keys import identity_of
 
 #: Exit codes of ``flyreg tune``.
 EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 
 
-def _tune_one(job: Job, device: str, out_dir: Path, force: bool, options: dict[str, Any]) -> None:
+def job_inputs(op: str, spec: dict[str, Any], device: str) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """The inputs ``make_inputs`` makes for ``spec`` on ``device``, and the spec ``specialize()`` computes from
+    them (checked and canonical): what a job tunes, here or on a Ray actor."""
     from flyreg._plugins.registry import REGISTRY
     from flyreg._plugins.timing import tuned_spec
 
+    args, kwargs = REGISTRY.plugin(op).make_inputs(dict(spec), device)
+    return args, kwargs, tuned_spec(op, args, kwargs, device)
+
+
+def _tune_one(job: Job, device: str, out_dir: Path, force: bool, options: dict[str, Any]) -> None:
+    from flyreg._plugins.registry import REGISTRY
+
     tuner = REGISTRY.tuner(job.op)
-    args, kwargs = REGISTRY.plugin(job.op).make_inputs(dict(job.spec), device)
-    if tuned_as(job, tuned_spec(job.op, args, kwargs, device), device, out_dir, force):
+    args, kwargs, spec = job_inputs(job.op, job.spec, device)
+    if tuned_as(job, spec, device, out_dir, force):
         return
     job.result = tuner.tune(*args, out_dir=out_dir, search_options=options, **kwargs)
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
+def sigterm_as_interrupt() -> Iterator[list[int]]:
     """While tuning, SIGTERM stops like Ctrl-C (so no temp file is left); yields the signal seen."""
     seen: list[int] = []
 
@@ -62,25 +72,17 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
     0: every job tuned or skipped; 1: some job failed; 130 (143): stopped by SIGINT (SIGTERM),
     with every artifact written so far kept and no partial file left.
     """
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
     from flyreg._runtime.builds import BUILD_CACHE
 
-    console = make_console()
     todo = [j for j in jobs if j.skip is None and j.error is None]
     interrupted: int | None = None
     builds0, start = BUILD_CACHE.builds, time.perf_counter()
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
     options = options if options is not None else {"resume": True}
-    with _sigterm_as_interrupt() as signals, Isolation() as isolation:
+    with sigterm_as_interrupt() as signals, Isolation() as isolation:
         try:
-            with Progress(*columns, console=make_console(stderr=True), transient=False,
-                          disable=not todo) as progress:
-                task = progress.add_task("tuning", total=len(todo))
+            with progress_bar(len(todo)) as bar:
                 for job in todo:
-                    progress.update(task, description=f"{job.op} {spec_str(job.spec)}")
+                    bar.show(job.op, job.spec)
                     t0 = time.perf_counter()
                     try:
                         job.isolated = isolated(isolate, device, job)
@@ -91,19 +93,27 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
                     except Exception as e:  # one failing job never stops the others
                         job.error = one_line(e)
                     job.seconds = time.perf_counter() - t0
-                    progress.advance(task)
+                    bar.done(job.op, job.spec)
         except KeyboardInterrupt:
             interrupted = EXIT_SIGTERM if signals else EXIT_SIGINT
-    summary(console, jobs, device, out_dir)
-    if todo and interrupted is None:
+    console = make_console()
+    summary(console, jobs, identity_of(device), out_dir)
+    return finish(console, jobs, bool(todo), interrupted, force, BUILD_CACHE.builds - builds0,
+                  time.perf_counter() - start)
+
+
+def finish(console: Any, jobs: list[Job], tuned_any: bool, interrupted: int | None, force: bool, builds: int,
+           seconds: float) -> int:
+    """The lines after the summary (the cost, or how to go on after an interruption); returns the exit code."""
+    if tuned_any and interrupted is None:
         results = [j.result for j in jobs if j.result is not None]
         timed, reused = sum(len(r.timings) for r in results), sum(r.reused for r in results)
         journaled = f" ({reused} results read from the tuning journal)" if reused else ""
-        n_isolated = sum(1 for j in todo if j.isolated)
-        builds = f"{BUILD_CACHE.builds - builds0} builds" + (
+        n_isolated = sum(1 for j in jobs if j.isolated)
+        built = f"{builds} builds" + (
             f" in this process (the candidates of {n_isolated} isolated job(s) in worker processes)"
             if n_isolated else "")
-        console.print(f"cost: {timed} configs benchmarked{journaled}, {builds}, {time.perf_counter() - start:.1f} s",
+        console.print(f"cost: {timed} configs benchmarked{journaled}, {built}, {seconds:.1f} s",
                       markup=False, highlight=False)
     if interrupted is not None:
         again = "the same command without --force" if force else "the same command"

@@ -1,20 +1,50 @@
-"""What ``flyreg tune`` prints: the ``--dry-run`` plan and the summary of the jobs run."""
+"""What ``flyreg tune`` prints: the progress bar, the ``--dry-run`` plan and the summary of the jobs run."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from flyreg._cli.plan import Job
 from flyreg._cli.text import config_str, escape, make_console, ms_text, spec_str
-from flyreg._core.keys import identity_of
+from flyreg._core.keys import DeviceIdentity, identity_of
 
 
-def print_plan(jobs: list[Job], device: str, out_dir: Path) -> None:
-    """The ``--dry-run`` table: each job and what ``tune`` would do with it."""
+class ProgressBar:
+    """The tune's progress bar (on stderr): the job last started or done, how many are done, times."""
+
+    def __init__(self, progress: Any, total: int) -> None:
+        self.progress = progress
+        self.task = progress.add_task("tuning", total=total)
+
+    def show(self, op: str, spec: dict[str, Any]) -> None:
+        """Name the job started last."""
+        self.progress.update(self.task, description=f"{op} {spec_str(spec)}")
+
+    def done(self, op: str, spec: dict[str, Any]) -> None:
+        """Count one job done, and name it."""
+        self.progress.update(self.task, description=f"{op} {spec_str(spec)}", advance=1)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int) -> Iterator[ProgressBar]:
+    """A :class:`ProgressBar` over ``total`` jobs (none shown when there are none)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=make_console(stderr=True), transient=False, disable=not total) as progress:
+        yield ProgressBar(progress, total)
+
+
+def print_plan(jobs: list[Job], device: str, out_dir: Path, ident: DeviceIdentity | None = None) -> None:
+    """The ``--dry-run`` table: each job and what ``tune`` would do with it (on ``ident``, default ``device``'s)."""
     from rich.table import Table
 
-    ident = identity_of(device)
+    ident = ident if ident is not None else identity_of(device)
     console = make_console()
     table = Table(title=f"flyreg tune --dry-run on {ident.name} ({ident.arch})")
     table.add_column("op", no_wrap=True)
@@ -29,10 +59,10 @@ def print_plan(jobs: list[Job], device: str, out_dir: Path) -> None:
                   markup=False, highlight=False)
 
 
-def summary(console: Any, jobs: list[Job], device: str, out_dir: Path) -> None:
+def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path) -> None:
+    """The summary table of the jobs tuned on ``ident``, their failed configs, and their counts."""
     from rich.table import Table
 
-    ident = identity_of(device)
     table = Table(title=f"flyreg tune on {ident.name} ({ident.arch})")
     for col, justify in (("op", "left"), ("spec", "left"), ("winner", "left"), ("time", "right"),
                          ("vs default", "right"), ("tried", "right"), ("failed", "right")):

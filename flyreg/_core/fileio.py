@@ -83,7 +83,8 @@ def _temp_prefix(name: str) -> str:
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
 
 
-def _writer_gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
+    """True when no process of ``pid`` exists on this machine (one of another user's counts as existing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -117,7 +118,7 @@ def remove_abandoned_temps(directory: Path, name: str | None = None,
         if not stat.S_ISREG(info.st_mode):
             continue
         pid = int(m["pid"])
-        if pid == os.getpid() or not (_writer_gone(pid) or now - info.st_mtime > max_age):
+        if pid == os.getpid() or not (process_gone(pid) or now - info.st_mtime > max_age):
             continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

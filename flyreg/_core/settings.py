@@ -232,6 +232,12 @@ def current() -> Settings:
     return settings
 
 
+def set_cache_dir(directory: Path) -> None:
+    """Make ``directory`` this process's scratch cache dir (where the tuning journal lives too), as
+    ``FLYREG_CACHE_DIR`` does, for it and the processes it starts: a Ray actor's private dir."""
+    os.environ["FLYREG_CACHE_DIR"] = str(directory)
+
+
 def markdown_table() -> str:
     """The table of every variable, as the README shows it."""
     rows = ["| variable | values | default | effect |", "|---|---|---|---|"]

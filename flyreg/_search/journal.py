@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +134,33 @@ def measurements(op: str | None = None) -> list[Measurement]:
 def close() -> None:
     """Close this thread's connections (tests)."""
     DB.close()
+
+
+def of_spec(op: str, spec: Mapping[str, JSONScalar]) -> list[Measurement]:
+    """Every journaled measurement of ``op`` on ``spec`` (any device, toolchain and timing), oldest first."""
+    rows = DB.read(f"SELECT {', '.join(COLUMNS)} FROM measurements WHERE op = ? AND spec = ? ORDER BY id",
+                   (op, _text(dict(spec))))
+    return [m for m in map(_row, rows) if m is not None]
+
+
+def last_id() -> int:
+    """The id of the newest row (0 for an empty or absent journal): :func:`after` reads what came since."""
+    rows = DB.read("SELECT MAX(id) FROM measurements")
+    return int(rows[0][0] or 0) if rows else 0
+
+
+def after(mark: int) -> list[Measurement]:
+    """The measurements appended after the row ``mark`` (a :func:`last_id`), oldest first."""
+    rows = DB.read(f"SELECT {', '.join(COLUMNS)} FROM measurements WHERE id > ? ORDER BY id", (mark,))
+    return [m for m in map(_row, rows) if m is not None]
+
+
+def append(rows: Iterable[Measurement]) -> None:
+    """Append measurements taken elsewhere (another process's journal) as they are, in one transaction."""
+    values = [(m.op, _text(m.spec), _text(m.config.to_json()), _text(m.device), _text(m.toolchain), m.timing,
+               m.median_ms, m.spread, m.reps, m.error, m.created) for m in rows]
+    if not values:
+        return
+    with DB.write() as conn:
+        conn.executemany("INSERT INTO measurements (op, spec, config, device, toolchain, timing, median_ms, spread, "
+                         "reps, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
