@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,8 @@ def _flyreg_env() -> dict[str, str]:
 
 @functools.cache
 def _installed_op_names() -> frozenset[str]:
-    from flyreg._plugins.registry import Registry
-
-    return frozenset(Registry().names())
+    """The op names the installed distributions declare (entry points of the group ``flyreg.ops``)."""
+    return frozenset(ep.name for ep in importlib.metadata.entry_points(group="flyreg.ops"))
 
 
 @pytest.fixture
@@ -28,21 +28,20 @@ def no_leaked_state() -> Iterator[None]:
 
     Set up before (so checked after) every other function-scoped fixture, monkeypatch included.
     """
-    from flyreg._plugins import registry
+    import flyreg
 
-    env, reg = _flyreg_env(), registry.REGISTRY
+    env = _flyreg_env()
     yield
     assert _flyreg_env() == env, f"the test left environment variables changed: {env} -> {_flyreg_env()}"
-    assert registry.REGISTRY is reg, "the test left another registry in place of flyreg's process-wide one"
-    if reg._entries is not None:
-        extra, missing = set(reg._entries) - _installed_op_names(), _installed_op_names() - set(reg._entries)
-        assert not extra and not missing, \
-            f"the test left flyreg's registry changed: ops {sorted(extra)} added, {sorted(missing)} removed"
+    registered = {info.name for info in flyreg.ops()}
+    extra, missing = registered - _installed_op_names(), _installed_op_names() - registered
+    assert not extra and not missing, \
+        f"the test left flyreg's registry changed: ops {sorted(extra)} added, {sorted(missing)} removed"
 
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(no_leaked_state: None, tmp_path_factory: pytest.TempPathFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
+                  monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """Point the scratch cache, the emit dir and platformdirs' user dirs at fresh temporary folders."""
     root = tmp_path_factory.mktemp("flyreg")
     dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
@@ -54,10 +53,4 @@ def isolated_dirs(no_leaked_state: None, tmp_path_factory: pytest.TempPathFactor
     monkeypatch.setenv("XDG_CACHE_HOME", str(dirs["xdg_cache"]))
     monkeypatch.delenv("FLYREG_AUTOTUNE", raising=False)
     monkeypatch.delenv("FLYREG_DISABLE_OPS", raising=False)
-    from flyreg._core import fileio as _fileio
-    from flyreg._artifacts import store as offline
-
-    offline._index.clear()
-    _fileio._warned.clear()
-    yield dirs
-    offline._index.clear()
+    return dirs

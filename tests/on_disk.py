@@ -1,0 +1,61 @@
+"""What flyreg keeps on disk, read as its documented formats: the tuning journal, the scratch cache, artifacts.
+
+The tests read these files the way a user's tool would (``sqlite3`` opened read-only, JSON), never
+through flyreg's internals; docs/autotune_guide.md and docs/cli.md describe the formats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from flyreg import Config
+
+JOURNAL = "flyreg-journal.sqlite3"
+SCRATCH_CACHE = "flyreg-cache.sqlite3"
+
+
+def cache_dir() -> Path:
+    """The cache dir the tests point ``FLYREG_CACHE_DIR`` at."""
+    return Path(os.environ["FLYREG_CACHE_DIR"])
+
+
+def _rows(path: Path, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if not path.exists():
+        return []
+    with sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def journal_rows(op: str | None = None) -> list[dict[str, Any]]:
+    """The journal's measurements (of ``op``), oldest first; JSON columns parsed, ``config`` a :class:`Config`."""
+    where, params = ("WHERE op = ?", (op,)) if op is not None else ("", ())
+    columns = ("op", "spec", "config", "device", "toolchain", "timing", "median_ms", "spread", "reps", "error", "created")
+    out = []
+    for row in _rows(cache_dir() / JOURNAL, f"SELECT {', '.join(columns)} FROM measurements {where} ORDER BY id", params):
+        m = dict(zip(columns, row))
+        for k in ("spec", "device", "toolchain"):
+            m[k] = json.loads(m[k])
+        m["config"] = Config.from_json(json.loads(m["config"]))
+        out.append(m)
+    return out
+
+
+def first_round(rows: list[dict[str, Any]], timing: str = "cpu") -> list[dict[str, Any]]:
+    """The rows of ``timing``'s first round (not the final round's re-times)."""
+    return [m for m in rows if m["timing"] == timing]
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
