@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 
@@ -54,3 +56,40 @@ def isolated_dirs(no_leaked_state: None, tmp_path_factory: pytest.TempPathFactor
     monkeypatch.delenv("FLYREG_AUTOTUNE", raising=False)
     monkeypatch.delenv("FLYREG_DISABLE_OPS", raising=False)
     return dirs
+
+
+@attrs.frozen
+class CliRun:
+    """What one ``flyreg`` command did: its exit status and what it wrote to stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+@functools.cache
+def _console_entry_point() -> Callable[[list[str]], None]:
+    """The ``flyreg`` console script's function, as installed."""
+    script = next(iter(importlib.metadata.entry_points(group="console_scripts", name="flyreg")))
+    return script.load()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def flyreg_cli(capfd: pytest.CaptureFixture[str]) -> Callable[..., CliRun]:
+    """``flyreg_cli(*argv)`` runs ``flyreg ARGV`` in this process (``list`` and ``check`` in the child the
+    command starts), with this test's environment, and returns what it did."""
+
+    def run(*argv: str) -> CliRun:
+        capfd.readouterr()
+        code = 0
+        try:
+            _console_entry_point()([*argv])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        out, err = capfd.readouterr()
+        return CliRun(code, out, err)
+
+    return run

@@ -59,3 +59,10 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
     path = Path(path)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
+
+
+def cache_entries(op: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """The scratch cache's entries (of ``op``): (op, key) -> the entry's JSON object."""
+    where, params = ("WHERE op = ?", (op,)) if op is not None else ("", ())
+    rows = _rows(cache_dir() / SCRATCH_CACHE, f"SELECT op, key, entry FROM entries {where} ORDER BY op, key", params)
+    return {(o, k): json.loads(e) for o, k, e in rows}
