@@ -66,3 +66,24 @@ def cache_entries(op: str | None = None) -> dict[tuple[str, str], dict[str, Any]
     where, params = ("WHERE op = ?", (op,)) if op is not None else ("", ())
     rows = _rows(cache_dir() / SCRATCH_CACHE, f"SELECT op, key, entry FROM entries {where} ORDER BY op, key", params)
     return {(o, k): json.loads(e) for o, k, e in rows}
+
+
+#: Python source that ends a writer script: ``work(worker)`` runs in WORKERS forks of the script's process
+#: (so torch is imported once), "ready" is printed once they are started, and the process exits 0 when
+#: every fork returned. The script defines ``workers`` and ``work`` before it.
+RUN_FORKS = """
+import os as _os, sys as _sys
+_pids = []
+for _worker in range(workers):
+    _pid = _os.fork()
+    if _pid == 0:
+        _code = 1
+        try:
+            work(_worker)
+            _code = 0
+        finally:
+            _os._exit(_code)
+    _pids.append(_pid)
+print("ready", flush=True)
+_sys.exit(max(_os.waitstatus_to_exitcode(_os.waitpid(p, 0)[1]) != 0 for p in _pids))
+"""

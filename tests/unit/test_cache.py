@@ -25,33 +25,25 @@ import flyreg
 from flyreg import BuildCache, Config, FlyregWarning
 
 from cpu_kernels import double_op, inputs
-from on_disk import JOURNAL, SCRATCH_CACHE, cache_dir, cache_entries
+from on_disk import JOURNAL, RUN_FORKS, SCRATCH_CACHE, cache_dir, cache_entries
 
-#: A process that starts WORKERS forks (torch imported once), each of which searches COUNT keys of op
-#: ``shared_op`` (spec ``{"w": worker, "i": i}``), storing each winner in the scratch cache.
+#: A process that starts WORKERS forks, each of which searches COUNT keys of op ``shared_op`` (spec
+#: ``{"w": worker, "i": i}``), storing each winner in the scratch cache.
 WRITERS = """
-import os, sys
+import sys
 import torch
 import flyreg
 from flyreg import Config
 workers, count = int(sys.argv[1]), int(sys.argv[2])
-pids = []
-for worker in range(workers):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            for i in range(count):
-                op = flyreg.autotune_builder("shared_op", lambda config, spec: (lambda x: x),
-                                             lambda x, w=worker, i=i: {"w": w, "i": i}, [Config({"CHUNK": i})],
-                                             warmup=0, rep=1)
-                op(torch.zeros(1))
-            code = 0
-        finally:
-            os._exit(code)
-    pids.append(pid)
-sys.exit(max(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) != 0 for p in pids))
-"""
+
+
+def work(worker):
+    for i in range(count):
+        op = flyreg.autotune_builder("shared_op", lambda config, spec: (lambda x: x),
+                                     lambda x, w=worker, i=i: {"w": w, "i": i}, [Config({"CHUNK": i})],
+                                     warmup=0, rep=1)
+        op(torch.zeros(1))
+""" + RUN_FORKS
 
 #: A process that writes the artifact of a config holding a 900 kB knob into DIR, again and again until killed.
 ARTIFACT_WRITER = """
@@ -277,7 +269,7 @@ def test_bad_cached_config_is_ignored_with_a_warning() -> None:
 
 def test_concurrent_processes_lose_no_entries() -> None:
     workers, per_worker = 4, 25
-    proc = subprocess.Popen([sys.executable, "-c", WRITERS, str(workers), str(per_worker)])
+    proc = subprocess.Popen([sys.executable, "-c", WRITERS, str(workers), str(per_worker)], stdout=subprocess.DEVNULL)
     seen = 0
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:

@@ -20,13 +20,12 @@ import torch
 import flyreg
 from flyreg import BuildCache, Config, FlyregWarning
 
-from on_disk import JOURNAL, SCRATCH_CACHE, cache_dir, first_round, journal_rows
+from on_disk import JOURNAL, RUN_FORKS, SCRATCH_CACHE, cache_dir, first_round, journal_rows
 
 RESUME = {"resume": True}
 
-#: A process that starts WORKERS processes (forks, so torch is imported once), each of which tunes COUNT
-#: configs of op ``journaled`` (each config ``{"W": worker, "I": i}``) once the file GO exists, journaling
-#: every measurement; it exits 0 when every one did.
+#: A process that starts WORKERS forks, each of which tunes COUNT configs of op ``journaled`` (each config
+#: ``{"W": worker, "I": i}``) once the file GO exists, journaling every measurement.
 WRITERS = """
 import os, sys, time
 import torch
@@ -36,29 +35,14 @@ workers, count, go = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 x = torch.zeros(1)
 
 
-def tune(worker):
+def work(worker):
     configs = [Config({"W": worker, "I": i}) for i in range(count)]
     tuner = flyreg.autotune_builder("journaled", lambda config, spec: (lambda x: x), lambda x: {"n": 1}, configs,
                                     lambda spec: configs[0], warmup=0, rep=1)
     while not os.path.exists(go):
         time.sleep(0.01)
     tuner.tune(x, emit=False, search_options={"effort": "full"})
-
-
-pids = []
-for worker in range(workers):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            tune(worker)
-            code = 0
-        finally:
-            os._exit(code)
-    pids.append(pid)
-print("ready", flush=True)
-sys.exit(max(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) != 0 for p in pids))
-"""
+""" + RUN_FORKS
 
 
 def toy_op(name: str, configs: list[Config], fails: Callable[[Config], bool] = lambda c: False,
