@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +89,25 @@ for _worker in range(workers):
 print("ready", flush=True)
 _sys.exit(max(_os.waitstatus_to_exitcode(_os.waitpid(p, 0)[1]) != 0 for p in _pids))
 """
+
+
+def journal_times(op: str, times: Mapping[Config, float | str], *, final: bool = False, spread: float = 0.0,
+                  reps: int = 3) -> None:
+    """Append to the journal a measurement of each config of ``times`` (a median in ms, or a failure's text)
+    in the context of ``op``'s latest first-round measurement (same spec, device, toolchain), of the first
+    round or, with ``final``, of the final round. A search of that context that resumes reads them as its
+    timings, the latest of a config winning (docs/autotune_guide.md)."""
+    path = cache_dir() / JOURNAL
+    with sqlite3.connect(path) as conn:
+        context = conn.execute("SELECT op, spec, device, toolchain, timing FROM measurements WHERE op = ? AND "
+                               "timing NOT LIKE '% final %' ORDER BY id DESC LIMIT 1", (op,)).fetchone()
+        assert context is not None, f"op {op!r} has no measurement to take the context of"
+        timing = f"{context[4]} final x8" if final else context[4]
+        for config, t in times.items():
+            text = json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
+            timed = not isinstance(t, str)
+            conn.execute("INSERT INTO measurements (op, spec, config, device, toolchain, timing, median_ms, spread, "
+                         "reps, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (*context[:2], text, *context[2:4], timing, t if timed else None, spread if timed else None,
+                          reps if timed else None, None if timed else t, time.time()))
+    conn.close()
