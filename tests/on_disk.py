@@ -111,3 +111,11 @@ def journal_times(op: str, times: Mapping[Config, float | str], *, final: bool =
                          (*context[:2], text, *context[2:4], timing, t if timed else None, spread if timed else None,
                           reps if timed else None, None if timed else t, time.time()))
     conn.close()
+
+
+def latest_cache_key(op: str) -> str:
+    """The key of ``op``'s entry stored last."""
+    rows = _rows(cache_dir() / SCRATCH_CACHE, "SELECT key FROM entries WHERE op = ? ORDER BY updated DESC LIMIT 1",
+                 (op,))
+    assert rows, f"op {op!r} has no scratch-cache entry"
+    return str(rows[0][0])
