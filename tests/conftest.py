@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import attrs
@@ -93,3 +94,13 @@ def flyreg_cli(capfd: pytest.CaptureFixture[str]) -> Callable[..., CliRun]:
         return CliRun(code, out, err)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def fresh_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A :class:`fresh_process.FreshProcess`: code run in new flyreg processes that see only the plugins a test names."""
+    from fresh_process import FreshProcess
+
+    runner = FreshProcess(tmp_path_factory.mktemp("fresh"))
+    yield runner
+    runner.close()

@@ -6,6 +6,7 @@ through flyreg's internals; docs/autotune_guide.md and docs/cli.md describe the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flyreg import Config
+from flyreg import Config, DeviceIdentity
 
 JOURNAL = "flyreg-journal.sqlite3"
 SCRATCH_CACHE = "flyreg-cache.sqlite3"
@@ -119,3 +120,75 @@ def latest_cache_key(op: str) -> str:
                  (op,))
     assert rows, f"op {op!r} has no scratch-cache entry"
     return str(rows[0][0])
+
+
+@functools.cache
+def _this_machine() -> tuple[tuple[str, str], tuple[tuple[str, str], ...]]:
+    import tempfile
+
+    import torch
+
+    import flyreg
+
+    with tempfile.TemporaryDirectory() as scratch:
+        saved = os.environ.get("FLYREG_CACHE_DIR")
+        os.environ["FLYREG_CACHE_DIR"] = scratch  # the probe's search leaves the test's cache alone
+        try:
+            probe = flyreg.autotune_builder("on_disk_probe", lambda c, s: (lambda x: None), lambda x: {"n": 1},
+                                            [Config({"K": 1})], build_cache=flyreg.BuildCache(), warmup=0, rep=1)
+            data = read_json(str(probe.tune(torch.zeros(1), out_dir=scratch).artifact))
+        finally:
+            if saved is None:
+                del os.environ["FLYREG_CACHE_DIR"]
+            else:
+                os.environ["FLYREG_CACHE_DIR"] = saved
+    toolchain = {k: v for k, v in data["provenance"]["toolchain"].items() if k != "op"}
+    return (data["device"]["name"], data["device"]["arch"]), tuple(sorted(toolchain.items()))
+
+
+def this_device() -> DeviceIdentity:
+    """The identity of this machine's CPU, as its artifacts record it."""
+    return DeviceIdentity(*_this_machine()[0])
+
+
+def this_toolchain(op_version: str) -> dict[str, str]:
+    """The toolchain an artifact tuned here now records, with the op's version."""
+    return {**dict(_this_machine()[1]), "op": op_version}
+
+
+def artifact_name(op: str, spec: Mapping[str, Any], device_name: str) -> str:
+    """The documented artifact filename, ``op,<axis>=<value>,...,device_name=<name>.json`` (axes sorted), for
+    parts that are already filename-safe (ints, bools and plain names)."""
+    def part(value: Any) -> str:
+        text = value if isinstance(value, str) else json.dumps(value)
+        assert text and all(c.isascii() and (c.isalnum() or c in "._-") for c in text) and not text.startswith("."), \
+            f"{value!r} is not a plain filename part"
+        assert not isinstance(value, str) or not _reads_as_json(value), f"{value!r} would read as a number"
+        return text
+
+    axes = [f"{part(k)}={part(v)}" for k, v in sorted(spec.items())]
+    return ",".join([part(op), *axes, f"device_name={part(device_name)}"]) + ".json"
+
+
+def _reads_as_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def write_artifact(directory: str | os.PathLike[str], op: str, spec: Mapping[str, Any], config: Config, *,
+                   device: DeviceIdentity | None = None, op_version: str = "0",
+                   toolchain: Mapping[str, str] | None = None, name: str | None = None) -> Path:
+    """Write an artifact in the documented format (docs/autotune_guide.md), current on this machine unless
+    ``toolchain`` says otherwise; named for its content unless ``name`` is given. Returns its path."""
+    device = device if device is not None else this_device()
+    path = Path(directory) / (name if name is not None else artifact_name(op, spec, device.name))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_json(path, {
+        "schema": 1, "op": op, "spec": dict(spec), "device": {"name": device.name, "arch": device.arch},
+        "config": config.to_json(),
+        "provenance": {"toolchain": dict(toolchain) if toolchain is not None else this_toolchain(op_version),
+                       "flyreg": "0", "date": "2026-01-01T00:00:00+00:00", "time_ms": 1.0, "default_ms": 2.0},
+    })
