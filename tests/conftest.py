@@ -56,6 +56,10 @@ def isolated_dirs(no_leaked_state: None, tmp_path_factory: pytest.TempPathFactor
     monkeypatch.setenv("XDG_CACHE_HOME", str(dirs["xdg_cache"]))
     monkeypatch.delenv("FLYREG_AUTOTUNE", raising=False)
     monkeypatch.delenv("FLYREG_DISABLE_OPS", raising=False)
+    # Each test sees flyreg's one-time warnings afresh, as a new process would (no public call resets them).
+    from flyreg._core import fileio
+
+    fileio._warned.clear()
     return dirs
 
 

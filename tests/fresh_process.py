@@ -64,16 +64,17 @@ class FreshProcess:
         self.runs = 0
 
     def run(self, code: str, *, sites: Mapping[str, Path] | None = None, path: Sequence[Path] = (),
-            env: Mapping[str, str] | None = None, dirs: Mapping[str, Path] | None = None) -> Ran:
+            env: Mapping[str, str] | None = None, dirs: Mapping[str, Path] | None = None, in_tree: bool = True) -> Ran:
         """Run ``code`` (dedented) with the fake distributions ``sites`` (name -> the dir holding its
         dist-info) visible and importable, the ``path`` dirs importable, ``env`` added to the
-        environment, and flyreg's dirs ``dirs`` (default: this runner's)."""
+        environment, and flyreg's dirs ``dirs`` (default: this runner's); with ``in_tree`` false, not
+        even flyreg-rmsnorm's ops are seen."""
         self.runs += 1
         output = self.root / f"run-{self.runs}.txt"
         sites = dict(sites or {})
         full = {**command_env(dict(dirs or self.dirs), sites), **(env or {})}
         full["PYTHONPATH"] = os.pathsep.join([str(ONLY_PLUGINS), *map(str, sites.values()), *map(str, path)])
-        full[ONLY_PLUGINS_VARIABLE] = ",".join([IN_TREE, *sites])
+        full[ONLY_PLUGINS_VARIABLE] = ",".join([*([IN_TREE] if in_tree else []), *sites])
         code_ = self.server.run_code(textwrap.dedent(code), env=full, cwd=self.root, output=output,
                                      path=[*sites.values(), *path])
         return Ran(code_, output.read_text(encoding="utf-8"))

@@ -62,8 +62,7 @@ def _child(request: dict[str, Any]) -> None:
         if "code" in request:
             sys.path[:0] = request.get("path", [])
             sys.argv = ["-c"]
-            script = compile(request["code"], "<fresh process>", "exec")
-            code = exit_status(lambda: exec(script, {"__name__": "__main__"}))
+            code = exit_status(lambda: exec(compile(request["code"], "<fresh process>", "exec"), {"__name__": "__main__"}))
         else:
             sys.argv = ["flyreg", *request["argv"]]
             code = exit_status(flyreg_main())
