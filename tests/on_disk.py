@@ -6,12 +6,14 @@ through flyreg's internals; docs/autotune_guide.md and docs/cli.md describe the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sqlite3
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -122,26 +124,39 @@ def latest_cache_key(op: str) -> str:
     return str(rows[0][0])
 
 
-@functools.cache
-def _this_machine() -> tuple[tuple[str, str], tuple[tuple[str, str], ...]]:
-    import tempfile
-
-    import torch
-
-    import flyreg
-
+@contextlib.contextmanager
+def elsewhere_cache() -> Iterator[None]:
+    """Within it, searches keep their scratch-cache entries and journal in a directory of their own."""
     with tempfile.TemporaryDirectory() as scratch:
         saved = os.environ.get("FLYREG_CACHE_DIR")
-        os.environ["FLYREG_CACHE_DIR"] = scratch  # the probe's search leaves the test's cache alone
+        os.environ["FLYREG_CACHE_DIR"] = scratch
         try:
-            probe = flyreg.autotune_builder("on_disk_probe", lambda c, s: (lambda x: None), lambda x: {"n": 1},
-                                            [Config({"K": 1})], build_cache=flyreg.BuildCache(), warmup=0, rep=1)
-            data = read_json(str(probe.tune(torch.zeros(1), out_dir=scratch).artifact))
+            yield
         finally:
             if saved is None:
                 del os.environ["FLYREG_CACHE_DIR"]
             else:
                 os.environ["FLYREG_CACHE_DIR"] = saved
+
+
+def emit(directory: str | os.PathLike[str], op: str, spec: Mapping[str, Any], config: Config,
+         op_version: str = "0") -> Path:
+    """The artifact of ``config`` for ``(op, spec)`` on this machine, written into ``directory`` by a real search
+    (of that one config) as any emission writes it; the search leaves no scratch-cache entry behind."""
+    import torch
+
+    import flyreg
+
+    with elsewhere_cache():
+        tuner = flyreg.autotune_builder(op, lambda c, s: (lambda x: x), lambda x: dict(spec), [config],
+                                        version=op_version, build_cache=flyreg.BuildCache(), warmup=0, rep=1)
+        return Path(str(tuner.tune(torch.zeros(1), out_dir=directory).artifact))
+
+
+@functools.cache
+def _this_machine() -> tuple[tuple[str, str], tuple[tuple[str, str], ...]]:
+    with tempfile.TemporaryDirectory() as out:
+        data = read_json(emit(out, "on_disk_probe", {"n": 1}, Config({"K": 1})))
     toolchain = {k: v for k, v in data["provenance"]["toolchain"].items() if k != "op"}
     return (data["device"]["name"], data["device"]["arch"]), tuple(sorted(toolchain.items()))
 
