@@ -13,7 +13,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +207,11 @@ def write_artifact(directory: str | os.PathLike[str], op: str, spec: Mapping[str
         "provenance": {"toolchain": dict(toolchain) if toolchain is not None else this_toolchain(op_version),
                        "flyreg": "0", "date": "2026-01-01T00:00:00+00:00", "time_ms": 1.0, "default_ms": 2.0},
     })
+
+
+def rewrite_cache_entries(op: str, text: Callable[[str], str]) -> None:
+    """Replace the stored text of each of ``op``'s scratch-cache entries by ``text(old)``, as a hand edit would."""
+    with sqlite3.connect(cache_dir() / SCRATCH_CACHE) as conn:
+        for key, old in conn.execute("SELECT key, entry FROM entries WHERE op = ?", (op,)).fetchall():
+            conn.execute("UPDATE entries SET entry = ? WHERE op = ? AND key = ?", (text(old), op, key))
+    conn.close()

@@ -25,7 +25,7 @@ import flyreg
 from flyreg import BuildCache, Config, FlyregWarning
 
 from cpu_kernels import double_op, inputs
-from on_disk import JOURNAL, RUN_FORKS, SCRATCH_CACHE, cache_dir, cache_entries
+from on_disk import JOURNAL, RUN_FORKS, SCRATCH_CACHE, cache_dir, cache_entries, rewrite_cache_entries
 
 #: A process that starts WORKERS forks, each of which searches COUNT keys of op ``shared_op`` (spec
 #: ``{"w": worker, "i": i}``), storing each winner in the scratch cache.
@@ -222,19 +222,11 @@ def test_tuner_survives_a_corrupt_database() -> None:
     assert len(cache_entries("corrupt_op")) == 1
 
 
-def rewrite_entries(op: str, text: Callable[[str], str]) -> None:
-    """Replace the stored text of each of ``op``'s entries by ``text(old)``, as a hand edit would."""
-    with sqlite3.connect(database()) as conn:
-        for key, old in conn.execute("SELECT key, entry FROM entries WHERE op = ?", (op,)).fetchall():
-            conn.execute("UPDATE entries SET entry = ? WHERE op = ? AND key = ?", (text(old), op, key))
-    conn.close()
-
-
 @pytest.mark.parametrize("bad, warns", [("{not json", True), ("[1]", False)])
 def test_a_corrupt_entry_is_ignored(bad: str, warns: bool) -> None:
     x, out = inputs()
     double_op("entry_op")[0](x, out)
-    rewrite_entries("entry_op", lambda old: bad)
+    rewrite_cache_entries("entry_op", lambda old: bad)
     if warns:
         with pytest.warns(FlyregWarning, match="corrupt entry"):
             assert fresh_source("entry_op", x, out) == "search"
@@ -245,11 +237,11 @@ def test_a_corrupt_entry_is_ignored(bad: str, warns: bool) -> None:
 def test_a_problem_warns_once_however_often_it_is_met() -> None:
     x, out = inputs()
     double_op("once_op")[0](x, out)
-    rewrite_entries("once_op", lambda old: "{not json")
+    rewrite_cache_entries("once_op", lambda old: "{not json")
     with pytest.warns(FlyregWarning) as record:
         for _ in range(3):
             double_op("once_op")[0].resolve(x, out)  # each a search: the entry is rewritten each time...
-            rewrite_entries("once_op", lambda old: "{not json")  # ...and corrupted again
+            rewrite_cache_entries("once_op", lambda old: "{not json")  # ...and corrupted again
     assert len([w for w in record if "corrupt entry" in str(w.message)]) == 1
 
 
@@ -262,7 +254,7 @@ def test_bad_cached_config_is_ignored_with_a_warning() -> None:
         entry["config"] = {"kwargs": {"NOT_A_KNOB": 1}, "hints": {}}
         return json.dumps(entry)
 
-    rewrite_entries("badentry", unknown_knob)
+    rewrite_cache_entries("badentry", unknown_knob)
     with pytest.warns(FlyregWarning, match="NOT_A_KNOB"):
         assert fresh_source("badentry", x, out) == "search"
 
