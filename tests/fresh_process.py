@@ -73,6 +73,7 @@ class FreshProcess:
         output = self.root / f"run-{self.runs}.txt"
         sites = dict(sites or {})
         full = {**command_env(dict(dirs or self.dirs), sites), **(env or {})}
+        path = [*path, Path(__file__).resolve().parent]  # the tests' own helpers are importable too
         full["PYTHONPATH"] = os.pathsep.join([str(ONLY_PLUGINS), *map(str, sites.values()), *map(str, path)])
         full[ONLY_PLUGINS_VARIABLE] = ",".join([*([IN_TREE] if in_tree else []), *sites])
         code_ = self.server.run_code(textwrap.dedent(code), env=full, cwd=self.root, output=output,
