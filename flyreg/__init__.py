@@ -41,6 +41,7 @@ _EXPORTS = {
     "SpecError": "_core.keys",
     "OpRecord": "_plugins.record",
     "Axis": "_plugins.record",
+    "record": "_runtime.record",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -13,6 +13,7 @@ from flyreg._core.launch import Launch
 from flyreg._plugins.hookspecs import hookimpl, hookspec
 from flyreg._plugins.manager import HookError, PluginError
 from flyreg._plugins.record import Axis, OpRecord, RecordError
+from flyreg._plugins.work import Work
 
 __all__ = ["Axis", "Config", "FlyregWarning", "HookError", "JSONScalar", "Launch", "OpRecord", "PluginError", "RecordError",
-           "SpecError", "hookimpl", "hookspec"]
+           "SpecError", "Work", "hookimpl", "hookspec"]

@@ -23,6 +23,7 @@ Example (a kernel ``_double(X, Y, n, BLOCK: tl.constexpr)`` launched on ``x``)::
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,6 +45,8 @@ ALIGN = 16
 #: argument constexprs included) and keeps launch hooks as ``knobs.runtime`` HookChains: 3.6 was run
 #: on the H200; 3.9's source has the same interface.
 MIN_TRITON = (3, 6)
+#: Held while a compiled kernel's binary is loaded and its launch handles read.
+_LOAD_LOCK = threading.Lock()
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -137,7 +140,10 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
     with torch.cuda.device(device):
         compiled = kernel.warmup(*args, grid=grid, **constexprs, **hints)
         compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an async-compile future
-        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata  # .run loads the binary
+        # .run loads the binary, but Triton sets it before the load ends: another thread binding the same
+        # binary could read .function as None (seen on the H200 when configs share one binary).
+        with _LOAD_LOCK:
+            run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     g0, g1, g2 = (*grid, 1, 1)[:3]
     stream_of = driver.active.get_current_stream
     dev = device.index if device.index is not None else torch.cuda.current_device()

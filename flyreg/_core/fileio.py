@@ -126,7 +126,13 @@ def remove_abandoned_temps(directory: Path, name: str | None = None,
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` so a reader sees the old file or the new one, never half.
+    """Write ``data`` as JSON to ``path`` so a reader sees the old file or the new one, never half
+    (:func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half.
 
     The temp file's name carries the writer's pid; a process's first write into a directory
     removes the temp files that killed writers left there (one listing per directory and process).
@@ -140,8 +146,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -72,7 +72,7 @@ def _positive_seconds(raw: str, environ: Mapping[str, str]) -> float:
     return seconds
 
 
-def _directory(raw: str, environ: Mapping[str, str]) -> Path:
+def _path(raw: str, environ: Mapping[str, str]) -> Path:
     return expand_path(raw.strip(), environ)
 
 
@@ -95,11 +95,18 @@ def default_compile_threads() -> int:
     return min(16, os.cpu_count() or 1)
 
 
+def default_compile_workers() -> int:
+    """Processes compiling an isolated search's candidates when ``FLYREG_COMPILE_WORKERS`` is unset: the CPU
+    count, at most 8 (each imports torch and the op's backend)."""
+    return min(8, os.cpu_count() or 1)
+
+
 @attrs.frozen
 class Variable:
     """One environment variable: its ``name``, the :class:`Settings` ``field`` it sets, what values
     are ``allowed`` and its ``default`` (as the docs say them), its ``meaning``, how to ``parse`` a
-    value (``ValueError`` when not allowed) and the ``default_value`` used when unset or bad."""
+    value (``ValueError`` when not allowed) and the ``default_value`` used when unset or bad; ``directories``
+    marks a path-valued variable, whose ``$VAR`` references are followed."""
 
     name: str
     field: str
@@ -115,7 +122,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLYREG_AUTOTUNE", "autotune", "1/0, true/false, yes/no, on/off", "off",
              "search every new key afresh and re-write its cache entry and artifact", _bool, lambda: False),
     Variable("FLYREG_CACHE_DIR", "cache_dir", "a directory", "the user cache dir, `~/.cache/flyreg` on Linux",
-             "the scratch disk cache", _directory, _user_cache_dir, directories=True),
+             "the scratch disk cache", _path, _user_cache_dir, directories=True),
     Variable("FLYREG_CONFIG_DIR", "config_dirs", "directories separated by `os.pathsep`", "none",
              "artifact dirs, looked up first; the first is where tuning writes, else the user config dir",
              _directories, tuple, directories=True),
@@ -124,8 +131,18 @@ VARIABLES: tuple[Variable, ...] = (
              _names, frozenset),
     Variable("FLYREG_COMPILE_THREADS", "compile_threads", "an int >= 1", "the CPU count, at most 16",
              "threads that bind (and so compile) a search's candidates", _positive_int, default_compile_threads),
+    Variable("FLYREG_COMPILE_WORKERS", "compile_workers", "an int >= 1", "the CPU count, at most 8",
+             "processes that compile an isolated search's candidates (`flyreg tune --isolate`)", _positive_int,
+             default_compile_workers),
+    Variable("FLYREG_CANDIDATE_TIMEOUT", "candidate_timeout", "seconds > 0", "30",
+             "the least time an isolated candidate may take before it counts as hung (the limit is 20 times "
+             "the slowest candidate so far, at least this)", _positive_seconds, lambda: 30.0),
     Variable("FLYREG_PLUGIN_TIMEOUT", "plugin_timeout", "seconds > 0", "30",
              "how long an op's plugin may take to import and describe itself before it is marked broken", _positive_seconds, lambda: 30.0),
+    Variable("FLYREG_RECORD", "record", "a file", "none",
+             "record which config source served each spec the process called, and how often, into this "
+             "SQLite file at exit (`flyreg tune --from-record`, `flyreg check --against-record`)",
+             _path, lambda: None, directories=True),
 )
 
 NAMES = tuple(v.name for v in VARIABLES)
@@ -141,7 +158,10 @@ class Settings:
     config_dirs: tuple[Path, ...]
     disable_ops: frozenset[str]
     compile_threads: int
+    compile_workers: int
+    candidate_timeout: float
     plugin_timeout: float
+    record: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

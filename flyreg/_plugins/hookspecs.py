@@ -21,6 +21,7 @@ import pluggy
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._plugins.record import OpRecord
+from flyreg._plugins.work import Work
 
 PROJECT = "flyreg"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -29,7 +30,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 #: Hooks every op must implement.
 REQUIRED_HOOKS = ("specialize", "build", "configs", "default")
 #: Hooks an op may implement.
-OPTIONAL_HOOKS = ("workloads", "make_inputs", "reference", "describe")
+OPTIONAL_HOOKS = ("workloads", "make_inputs", "reference", "describe", "work")
 
 
 @hookspec(firstresult=True)
@@ -148,6 +149,24 @@ def reference(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         @hookimpl
         def reference(args, kwargs):
             return args[0] * 2
+    """
+
+
+@hookspec(firstresult=True)
+def work(spec: dict[str, JSONScalar]) -> Work:
+    """Return what one call of ``spec`` moves and computes: a :class:`flyreg.plugin.Work` with ``bytes``
+    (read plus written in device memory) and/or ``flops``.
+
+    Called by ``flyreg report`` only, never on a call: the report shows the winner's throughput as
+    a fraction of the device's peak (bandwidth for bytes, FLOP/s for flops). An implementation
+    may return None for a spec it cannot say.
+
+    Example::
+
+        @hookimpl
+        def work(spec):
+            size = {"float32": 4, "bfloat16": 2}[spec["dtype"]]
+            return Work(bytes=2 * spec["M"] * spec["N"] * size)
     """
 
 

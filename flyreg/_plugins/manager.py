@@ -12,6 +12,7 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import parse_device
 from flyreg._plugins import hookspecs
 from flyreg._plugins.record import DESCRIBE_KEYS, OpRecord, RecordError, check_spec
+from flyreg._plugins.work import Work
 
 __all__ = ["DESCRIBE_KEYS", "HookError", "OpPlugin", "PluginError"]
 
@@ -163,3 +164,11 @@ class OpPlugin:
 
     def reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._required("reference", args=args, kwargs=kwargs)
+
+    def work(self, spec: dict[str, JSONScalar]) -> Work | None:
+        """What one call of ``spec`` moves and computes; None when the op does not say."""
+        result = self._call("work", spec=spec)
+        if result is not None and not isinstance(result, Work):
+            raise PluginError(f"op {self.name!r}: work() must return flyreg.plugin.Work (or None), "
+                              f"got {type(result).__name__}")
+        return result

@@ -1,18 +1,87 @@
-"""What a candidate worker process times: an op's config on inputs its ``make_inputs`` hook makes."""
+"""What worker processes run for a registered op: an isolated tune's benchmarking worker and compile
+task, and a config timer. Each makes the op's inputs itself, with its ``make_inputs`` hook."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Callable
+from typing import Any
 
+from flyreg._artifacts.names import canonical_spec, spec_text
 from flyreg._core.config import Config, JSONScalar
-from flyreg._plugins.registry import REGISTRY
+from flyreg._core.fileio import FlyregWarning
+from flyreg._core.results import CallKey, TunerStats
+from flyreg._plugins import registry
+from flyreg._runtime.tuner import Autotuner, call_of
+from flyreg._search.candidates import Measured
+from flyreg._search.engine import Call
+from flyreg._search.in_process import evaluating
+
+#: The call made last in this process, by (op, spec text, device): a worker serves one spec at a time.
+_made: dict[tuple[str, str, str], tuple[Autotuner, CallKey, Call, dict[str, JSONScalar]]] = {}
+
+
+def tuned_spec(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], device: str) -> dict[str, JSONScalar]:
+    """The spec ``specialize()`` gives the call, checked against the op's axes, as an artifact names it."""
+    plugin = registry.REGISTRY.plugin(op)
+    return canonical_spec(plugin.check_spec(canonical_spec(plugin.specialize(args, kwargs),
+                                                           f"{op}: specialize() result"), device))
+
+
+def _op_call(op: str, spec: dict[str, JSONScalar], device: str) -> tuple[Autotuner, CallKey, Call,
+                                                                          dict[str, JSONScalar]]:
+    """The op's tuner, the key and call of the inputs ``make_inputs`` makes of ``spec``, and their tuned spec."""
+    key = (op, spec_text(spec), device)
+    if key not in _made:
+        _made.clear()
+        tuner = registry.REGISTRY.tuner(op)
+        args, kwargs = registry.REGISTRY.plugin(op).make_inputs(dict(spec), device)
+        ck, call = call_of(tuner, args, kwargs)
+        _made[key] = (tuner, ck, call, tuned_spec(op, args, kwargs, device))
+    return _made[key]
+
+
+class OpBench:
+    """The benchmarking worker of an isolated tune of ``op`` on ``spec``: ``bench(config, **options)`` is
+    :meth:`InProcessEvaluator.measure <flyreg._search.in_process.InProcessEvaluator.measure>` on the
+    inputs ``make_inputs`` makes, kept for the worker's life. ``info`` is what the tune needs of the
+    call: its ``spec`` and scratch-cache key ``pkey``, and the ``tuned`` spec an artifact names."""
+
+    def __init__(self, op: str, spec: dict[str, JSONScalar], device: str) -> None:
+        warnings.simplefilter("ignore", FlyregWarning)  # the tune reports each failure itself
+        tuner, ck, call, tuned = _op_call(op, spec, device)
+        self.info = {"spec": ck.spec, "pkey": ck.pkey, "tuned": tuned}
+
+        def build(config: Config) -> object:
+            return tuner.build_cache.get(tuner.name, config, ck.spec, tuner.structural, tuner.build)
+
+        self._stack = contextlib.ExitStack()
+        self._evaluate = self._stack.enter_context(evaluating(
+            tuner.settings, ck.spec, call, build, lambda c: tuner.bind(c, ck.spec, call.args, call.kwargs),
+            TunerStats(), None))
+
+    def __call__(self, config: Config, **options: Any) -> Measured:
+        return self._evaluate.measure(config, **options)
+
+
+def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: dict[str, JSONScalar]) -> str | None:
+    """In a compile pool process: build ``config`` and bind it to the inputs ``make_inputs`` makes of ``spec``,
+    where a backend compiles (a :func:`flyreg.triton.compiled_launcher` fills Triton's on-disk cache);
+    returns why it failed, or None."""
+    try:
+        tuner, ck, call, _ = _op_call(op, spec, device)
+        tuner.bind(Config.from_json(config), ck.spec, call.args, call.kwargs)
+    except Exception as e:  # the config's failure, reported by the search
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def op_config_timer(op: str, spec: dict[str, JSONScalar], device: str) -> Callable[[Config], float]:
     """``time(config) -> ms`` for ``op`` on ``spec``: the inputs are made once, each config is checked
     and timed as a search would (see :func:`flyreg._search.isolate.WorkerEvaluator`)."""
-    tuner = REGISTRY.tuner(op)
-    args, kwargs = REGISTRY.plugin(op).make_inputs(spec, device)
+    tuner = registry.REGISTRY.tuner(op)
+    args, kwargs = registry.REGISTRY.plugin(op).make_inputs(spec, device)
 
     def time_config(config: Config) -> float:
         return tuner.time_config(config, *args, **kwargs)

@@ -99,21 +99,21 @@ class ScratchCache:
 
 
 class Artifacts:
-    """The offline artifacts. ``exact_current``: only the artifact lookup serves first for exactly this
-    spec on this product, and only when current (emission's and ``flyreg tune``'s notion of done);
-    ``dirs`` replaces the lookup directories."""
+    """The offline artifacts. ``exact``: only the artifact lookup serves first for exactly this spec on
+    this product (quietly); ``exact_current``: that one, and only when current (emission's and
+    ``flyreg tune``'s notion of done); ``dirs`` replaces the lookup directories."""
 
     name = "offline"
 
-    def __init__(self, exact_current: bool = False, dirs: list[Path] | None = None) -> None:
+    def __init__(self, exact_current: bool = False, dirs: list[Path] | None = None, exact: bool = False) -> None:
         self.exact_current = exact_current
+        self.exact = exact or exact_current
         self.dirs = dirs
 
     def find(self, tuner: TunerState, req: Request) -> Resolution | None:
         store = tuner.offline if self.dirs is None else OfflineStore(
             tuner.name, (), tuner.offline.ordered_axes, tuner.version, only=self.dirs)
-        hit = store.lookup(req.spec, req.ident, tuner.space.accepts, exact_only=self.exact_current,
-                           quiet=self.exact_current)
+        hit = store.lookup(req.spec, req.ident, tuner.space.accepts, exact_only=self.exact, quiet=self.exact)
         if hit is None or (self.exact_current and hit.stale):
             return None
         return Resolution(tuner.space.canonical(hit.config, req.spec), "offline", req.spec, "offline",
@@ -225,6 +225,13 @@ def current_artifact(tuner: TunerState, spec: Spec, ident: DeviceIdentity, direc
     """The artifact in ``directory`` that lookup would serve first for ``spec`` on ``ident``, when it is
     current: what ``flyreg tune`` need not tune again (emission's notion of a hit, in one directory)."""
     return Artifacts(exact_current=True, dirs=[directory]).find(tuner, Request(dict(spec), ident))
+
+
+def own_artifact(tuner: TunerState, spec: Spec, ident: DeviceIdentity,
+                 dirs: list[Path] | None = None) -> Resolution | None:
+    """The artifact lookup would serve first for exactly ``spec`` on the product ``ident``, across the lookup
+    directories (or ``dirs``), current or stale (:attr:`Resolution.stale`); None when there is none."""
+    return Artifacts(exact=True, dirs=dirs).find(tuner, Request(dict(spec), ident))
 
 
 def resolve_call(tuner: TunerState, req: Request) -> Resolution:

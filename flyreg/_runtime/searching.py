@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+
 import attrs
 
 from flyreg._artifacts import cache
@@ -11,10 +12,12 @@ from flyreg._artifacts.store import emit_artifact, emit_dir
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, env_values
-from flyreg._core.results import Resolution
+from flyreg._core.results import Resolution, TuneReport
 from flyreg._core.toolchain import current, fingerprint
 from flyreg._runtime.state import TunerState
-from flyreg._search.engine import Call, Machine, run_search
+from flyreg._search.engine import Call, Machine, run_search, run_strategy
+from flyreg._search.isolate import WorkerEvaluator
+from flyreg._search.isolated import Compile, IsolatedEvaluator
 from flyreg._search.settings import SearchSettings
 
 
@@ -46,12 +49,35 @@ def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity
     def build(config: Config) -> object:
         return tuner.build_cache.get(tuner.name, config, spec, tuner.structural, tuner.build)
 
-    def seeds() -> list[Config]:  # the winners of the nearest tuned specs, where a budgeted search starts
-        return [tuner.space.canonical(c, spec) for c in tuner.offline.nearest_configs(spec, ident, tuner.space.accepts)]
+    report = run_search(settings if settings is not None else tuner.settings, spec, call, tuner.space.candidates(spec),
+                        default, build, lambda config: tuner.bind(config, spec, call.args, call.kwargs), tuner.stats,
+                        machine=machine(tuner, spec, ident), seeds=lambda: seeds(tuner, spec, ident))
+    return store(tuner, spec, ident, pkey, report, emit=emit, out_dir=out_dir)
 
-    report = run_search(settings if settings is not None else tuner.settings, spec, call, tuner.space.candidates(spec), default, build,
-                        lambda config: tuner.bind(config, spec, call.args, call.kwargs), tuner.stats,
-                        machine=machine(tuner, spec, ident), seeds=seeds)
+
+def search_isolated(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity, pkey: str, device: str,
+                    bench: WorkerEvaluator, compile: Compile | None, *, emit: bool,
+                    out_dir: str | os.PathLike[str] | None = None,
+                    settings: SearchSettings | None = None) -> tuple[Resolution, OSError | None]:
+    """:func:`search` with every candidate compiled by ``compile`` and timed by ``bench`` in worker processes
+    (:class:`~flyreg._search.isolated.IsolatedEvaluator`); this process runs none. ``spec`` and ``pkey``
+    are those of the worker's call."""
+    tuner.stats.searches += 1
+    settings = settings if settings is not None else tuner.settings
+    evaluate = IsolatedEvaluator(settings, spec, device, tuner.stats, machine(tuner, spec, ident), bench, compile)
+    report = run_strategy(evaluate, settings, spec, tuner.space.candidates(spec), tuner.space.default(spec),
+                          lambda: seeds(tuner, spec, ident))
+    return store(tuner, spec, ident, pkey, report, emit=emit, out_dir=out_dir)
+
+
+def seeds(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> list[Config]:
+    """The winners of the nearest tuned specs, where a budgeted search starts."""
+    return [tuner.space.canonical(c, spec) for c in tuner.offline.nearest_configs(spec, ident, tuner.space.accepts)]
+
+
+def store(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity, pkey: str, report: TuneReport, *,
+          emit: bool, out_dir: str | os.PathLike[str] | None = None) -> tuple[Resolution, OSError | None]:
+    """Store a search's winner in the scratch cache and, with ``emit``, write its artifact; see :func:`search`."""
     entry = {"spec": spec, "device": ident.to_json(), "toolchain": fingerprint(tuner.version),
              "env": dict(env_values(tuner.key_env)), "config": report.winner.to_json(),
              "time_ms": report.winner_ms, "default_ms": report.default_ms,

@@ -20,7 +20,7 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import cache_key, env_values, identity_of, normalize_spec, tensor_axes
 from flyreg._core.launch import Launcher, bind_launcher, named_args
 from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
-from flyreg._runtime import resolution
+from flyreg._runtime import record, resolution
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
 from flyreg._runtime.resolution import Request, autotune_forced, capturing
 from flyreg._runtime.searching import search, time_config
@@ -42,7 +42,8 @@ class Autotuner:
 
     On a call: in-memory -> scratch disk cache -> offline artifact -> heuristic default ->
     full search. ``FLYREG_AUTOTUNE=1`` skips everything but the search for each new key and
-    re-writes its results. The steady-state call builds a key, looks it up and launches.
+    re-writes its results. The steady-state call builds a key, looks it up and launches; while
+    recording (``FLYREG_RECORD``, :func:`flyreg.record`) it also counts the call (:mod:`flyreg._runtime.record`).
     A new key met while a CUDA graph is being captured gets cache -> offline -> default and a
     one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``).
 
@@ -127,6 +128,8 @@ class Autotuner:
         self.reports: dict[str, TuneReport] = {}
         self.memory = Memory()
         self._bound: dict[Any, Launcher] = {}
+        self._counted: dict[Any, Any] = {}  # while recording: the counters that replace _bound (record.py)
+        record.track(self)
 
     @property
     def timing(self) -> str:
@@ -185,7 +188,13 @@ class Autotuner:
         return tuple(key)
 
     def _launcher(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher:
-        """Resolve a call whose key is not in memory and bind its config to this call's signature.
+        """Resolve a call whose key is not in memory and bind its config to this call's signature."""
+        launcher, ck, res = self._serve(args, kwargs)
+        record.first_call(self, ck, res)  # FLYREG_RECORD set since this tuner was made: recording starts
+        return launcher
+
+    def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Launcher, CallKey, Resolution]:
+        """The launcher of a call (see :meth:`_launcher`), with its call key and resolution.
 
         A signature with tensors that require grad gets a launcher that refuses them while grad
         mode is on (flyreg ops have no backward); only such signatures pay for that check.
@@ -194,17 +203,18 @@ class Autotuner:
                  if isinstance(v, torch.Tensor) and v.requires_grad]
         if grads:
             _refuse_grad(self.name, grads)
-        res = self._resolve_call(args, kwargs)
+        ck = self._call_key(args, kwargs)
+        res = self._resolve_call(args, kwargs, ck)
         launcher = self.bind(res.config, res.spec, args, kwargs)
         if not grads:
-            return launcher
+            return launcher, ck, res
         call, name = launcher.call, self.name
 
         def call_without_grad(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
             _refuse_grad(name, grads)
             return call(a, kw)
 
-        return Launcher(launcher.config, call_without_grad, launcher.raw, launcher.pre)
+        return Launcher(launcher.config, call_without_grad, launcher.raw, launcher.pre), ck, res
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self, *args: Any, **kwargs: Any) -> Resolution:
@@ -228,9 +238,9 @@ class Autotuner:
         pkey = cache_key(self.name, spec, tensor_axes(named.items()), ident, self.version, env_values(self.key_env))
         return CallKey(spec, named, device, ident, pkey)
 
-    def _resolve_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Resolution:
-        ck = self._call_key(args, kwargs)
-        return resolution.resolve_call(self, Request(ck.spec, ck.ident, ck.pkey, Call(args, kwargs, ck.named, ck.device)))
+    def _resolve_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], ck: CallKey | None = None) -> Resolution:
+        ck, call = call_of(self, args, kwargs, ck)
+        return resolution.resolve_call(self, Request(ck.spec, ck.ident, ck.pkey, call))
 
     # -- binding and searching --------------------------------------------------------------
     def bind(self, config: Config, spec: dict[str, JSONScalar], args: tuple[Any, ...],
@@ -248,15 +258,15 @@ class Autotuner:
         flags and ``resume=True``. A failed artifact write raises OSError after the winner is stored
         in memory and in the scratch cache.
         """
-        ck = self._call_key(args, kwargs)
+        ck, call = call_of(self, args, kwargs)
         if resolution.capturing(ck.device):
             raise GraphCaptureError(f"{self.name}: tune() called while a CUDA graph is being captured; "
                                     f"tune before capture (a search benchmarks and synchronizes)")
-        call = Call(args, kwargs, ck.named, ck.device)
         settings = self.settings.with_run(**search_options) if search_options else None
         res, error = search(self, ck.spec, ck.ident, ck.pkey, call, emit=emit, out_dir=out_dir, settings=settings)
         self.memory.record(ck.pkey, ck.spec, ck.ident, res)
         self._bound.clear()
+        self._counted.clear()
         if error is not None:
             raise OSError(f"{self.name}: {error}") from error.__cause__
         return self.reports[ck.pkey]
@@ -264,11 +274,19 @@ class Autotuner:
     def time_config(self, config: Config, *args: Any, **kwargs: Any) -> float:
         """Check ``config`` against the reference on this call and time it (ms), as a search does; stores
         nothing. Raises :class:`TuneError` when the config fails or computes a wrong result."""
-        ck = self._call_key(args, kwargs)
-        return time_config(self, config, ck.spec, Call(args, kwargs, ck.named, ck.device))
+        ck, call = call_of(self, args, kwargs)
+        return time_config(self, config, ck.spec, call)
 
 
 _SEQUENCES = (list, tuple)
+
+
+def call_of(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any],
+            ck: CallKey | None = None) -> tuple[CallKey, Call]:
+    """A call's key (its spec, device identity and scratch-cache key; ``ck`` if already built) and the
+    call a search runs on."""
+    ck = ck if ck is not None else tuner._call_key(args, kwargs)
+    return ck, Call(args, kwargs, ck.named, ck.device)
 
 
 def _refuse_grad(op: str, names: list[str]) -> None:

@@ -1,9 +1,11 @@
-"""The candidates of one search, evaluated on demand: bound, gated, timed and journaled batch by batch.
+"""The candidates of one search, evaluated on demand and journaled batch by batch.
 
-A strategy hands :class:`Evaluator` batches of configs and gets back each one's time in ms (None
-for a config that failed or gave a wrong result). Every timing, failure and rejection is
+A strategy hands an :class:`Evaluator` batches of configs and gets back each one's time in ms
+(None for a config that failed or gave a wrong result). Every timing, failure and rejection is
 appended to the tuning journal as it is taken. With ``resume``, a config already journaled under
-the same context is not timed again: its journaled median ranks it.
+the same context is not timed again: its journaled median ranks it. Where a config is made ready
+and timed is a subclass's: in this process (:class:`flyreg._search.in_process.InProcessEvaluator`)
+or in worker processes (:class:`flyreg._search.isolated.IsolatedEvaluator`).
 """
 
 from __future__ import annotations
@@ -13,20 +15,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import torch
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
-from flyreg._core.launch import Launcher, LaunchSignatureError
 from flyreg._core.results import BenchResult, TunerStats
 from flyreg._search import journal
-from flyreg._search.bench import device_kind, warm_device
-from flyreg._search.binding import Bind, Build, bind_all
-from flyreg._search.gate import mismatch
+from flyreg._search.bench import device_kind
 from flyreg._search.graphs import CaptureError
 from flyreg._search.settings import SearchSettings
-from flyreg._search.steady import InputSet
-from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
 
 #: The final round: candidates within FINAL_BAND of the fastest (at most FINALISTS of them, and the
 #: default) are timed again over FINAL_SCALE times the work, and ranked by that. On the H200 short
@@ -39,14 +35,32 @@ FINAL_SCALE = 8
 #: The journal's error text of a config the correctness gate rejected starts with this.
 REJECTED = "rejected: "
 
-@attrs.frozen
-class Gate:
-    """The correctness gate: the reference's result (None: nothing is rejected) and the state each
-    in-place tensor (``written``, by name) must be left in (``expected``)."""
 
-    ref: Any
-    expected: dict[str, torch.Tensor]
-    written: dict[str, torch.Tensor]
+class CandidateError(Exception):
+    """A candidate failed; the message is the whole reason."""
+
+
+class Rejected(CandidateError):
+    """The correctness gate turned the candidate down; the message says why."""
+
+
+@attrs.frozen
+class Measured:
+    """One config measured out of the search's sight (in a worker): its result, or why there is none.
+
+    ``rejected``: the gate turned it down; ``uncapturable``: the call cannot be captured in a CUDA
+    graph, so the search must time it another way.
+    """
+
+    result: BenchResult | None = None
+    error: str | None = None
+    rejected: bool = False
+    uncapturable: bool = False
+
+
+def reason(e: Exception) -> str:
+    """Why a candidate failed, as the journal and the report say it."""
+    return str(e) if isinstance(e, CandidateError) else f"{type(e).__name__}: {e}"
 
 
 def final_timing(mode: str) -> str:
@@ -59,22 +73,20 @@ class Evaluator:
 
     ``timed`` (config -> result, in the order measured or read), ``failed`` and ``rejected`` are
     the search's record; ``mode`` is the timing method (``cpu`` off CUDA). ``machine`` None
-    journals nothing.
+    journals nothing. A subclass provides the steps :meth:`_ready`, :meth:`_time` and
+    :meth:`_warm`; an exception of a type in :attr:`fatal` ends the search instead of failing one config.
     """
 
-    def __init__(self, settings: SearchSettings, spec: dict[str, JSONScalar], own: InputSet, device: Any,
-                 in_place: InPlace, gate: Gate, build: Build, bind: Bind, stats: TunerStats,
+    fatal: tuple[type[Exception], ...] = ()
+
+    def __init__(self, settings: SearchSettings, spec: dict[str, JSONScalar], device: Any, stats: TunerStats,
                  machine: journal.Machine | None) -> None:
-        self.settings, self.spec, self.own, self.device = settings, spec, own, device
-        self.in_place, self.gate, self.build, self.bind, self.stats = in_place, gate, build, bind, stats
-        self.machine = machine
+        self.settings, self.spec, self.device, self.stats, self.machine = settings, spec, device, stats, machine
         self.mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
         self.timed: dict[Config, BenchResult] = {}
         self.failed: list[tuple[Config, str]] = []
         self.rejected: list[tuple[Config, str]] = []
-        self.launchers: dict[Config, Launcher] = {}
         self.reused = 0  # first-round results read from the journal instead of timed
-        self._timer: TimeOne | None = None
         self._known: dict[str, dict[Config, journal.Measurement]] = {}
 
     def __call__(self, configs: Sequence[Config]) -> dict[Config, float | None]:
@@ -88,17 +100,24 @@ class Evaluator:
                 todo.append(c)
         ready = self._ready(todo, out)
         self._warm(ready)
-        for i, (config, launcher) in enumerate(ready):
+        for i, (config, token) in enumerate(ready):
             try:
-                result = self._time(launcher, 1)
+                result = self._time(token, 1)
             except CaptureError as e:  # every config is timed again the flushed way, this batch's rest too
                 self._fall_back(e)
                 redo = list(self.timed)
                 self.timed.clear()
                 out.update(self([*redo, *(c for c, _ in ready[i:])]))
                 return out
+            except Rejected as e:
+                self._reject(config, str(e))
+                out[config] = None
+                continue
+            except self.fatal:
+                raise
             except Exception as e:  # a failing candidate is skipped, never fatal
-                out[config] = self._fail(config, f"{type(e).__name__}: {e}", self.mode)
+                self._fail(config, reason(e), self.mode)
+                out[config] = None
                 continue
             self.timed[config] = result
             self.stats.benchmarks += 1
@@ -132,14 +151,16 @@ class Evaluator:
         for config in out:  # bound again after a resume, and now failing
             self.timed.pop(config, None)
         self._warm(ready)
-        for config, launcher in ready:
+        for config, token in ready:
             try:
-                result = self._time(launcher, FINAL_SCALE)
+                result = self._time(token, FINAL_SCALE)
             except CaptureError:
                 continue
+            except self.fatal:
+                raise
             except Exception as e:
                 del self.timed[config]
-                self._fail(config, f"{type(e).__name__}: {e}", timing)
+                self._fail(config, reason(e), timing)
                 continue
             self.timed[config] = result
             self._journal(timing, config, result)
@@ -147,37 +168,26 @@ class Evaluator:
             final.add(config)
         return frozenset(final)
 
-    # -- one config's steps -------------------------------------------------------------------------
-    def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Launcher]]:
-        """The launchers of ``todo`` that bind and pass the gate; each other config's None goes into ``out``."""
-        settings, own = self.settings, self.own
-        new = [c for c in todo if c not in self.launchers]
-        bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads) if new else {}
-        ready = []
-        for config in todo:
-            launcher = self.launchers[config] if config in self.launchers else bound[config]
-            try:
-                if isinstance(launcher, Exception):
-                    raise launcher
-                if config not in self.launchers and self.gate.ref is not None:
-                    self.in_place.prepare(own, launcher.pre)
-                    why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)
-                    for n, want in self.gate.expected.items():
-                        why = why or mismatch(self.gate.written[n], want, f"in-place argument {n!r}")
-                    if why:
-                        self.rejected.append((config, why))
-                        self._journal(self.mode, config, error=REJECTED + why)
-                        out[config] = None
-                        continue
-            except LaunchSignatureError:  # the call is wrong, not the config
-                raise
-            except Exception as e:  # a failing candidate is skipped, never fatal
-                out[config] = self._fail(config, f"{type(e).__name__}: {e}", self.mode)
-                continue
-            self.launchers[config] = launcher
-            ready.append((config, launcher))
-        return ready
+    # -- the steps a subclass provides --------------------------------------------------------------
+    def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Any]]:
+        """(config, what :meth:`_time` takes) for each of ``todo`` that can be timed; each other config's None
+        goes into ``out`` (recorded through :meth:`_fail` or :meth:`_reject`)."""
+        raise NotImplementedError
 
+    def _time(self, token: Any, scale: int) -> BenchResult:
+        """One ready config timed over ``scale`` times the base work; raises why it failed."""
+        raise NotImplementedError
+
+    def _warm(self, ready: list[tuple[Config, Any]]) -> None:
+        """Right before a batch is timed."""
+
+    def _fall_back(self, e: CaptureError) -> None:
+        op, spec = self.settings.op, self.spec
+        warn_once(f"flyreg: {op}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
+                  f"calls after an L2 flush instead", key=f"no-steady:{op}:{sorted(spec.items())}")
+        self.mode = "flushed"
+
+    # -- the record -------------------------------------------------------------------------------
     def _reuse(self, config: Config, m: journal.Measurement) -> float | None:
         if m.error is not None:
             if m.error.startswith(REJECTED):
@@ -194,35 +204,10 @@ class Evaluator:
         warn_once(f"flyreg: {self.settings.op}: config {config} failed on spec {self.spec}: {why}")
         self._journal(timing, config, error=why)
 
-    def _warm(self, ready: list[tuple[Config, Launcher]]) -> None:
-        """Right before timing: the checks may have let the clocks drop."""
-        if not ready or self.device is None:
-            return
-        first = ready[0][1]
-        try:
-            warm_device(lambda: (self.in_place.prepare(self.own, first.pre), first.raw(self.own.args,
-                                                                                       self.own.kwargs)), self.device)
-        except Exception:  # that candidate fails again, and is reported, when its turn comes
-            pass
+    def _reject(self, config: Config, why: str) -> None:
+        self.rejected.append((config, why))
+        self._journal(self.mode, config, error=REJECTED + why)
 
-    def _time(self, launcher: Launcher, scale: int) -> BenchResult:
-        if self._timer is None:
-            self._timer = self._make_timer()
-        return self._timer(launcher, scale)
-
-    def _make_timer(self) -> TimeOne:
-        settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode
-        if mode == "steady":
-            return steady_timer(settings, list(self.launchers.values()), own, self.device, in_place)
-        return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
-
-    def _fall_back(self, e: CaptureError) -> None:
-        op, spec = self.settings.op, self.spec
-        warn_once(f"flyreg: {op}: spec {spec} cannot be timed in a CUDA graph ({e}); timing single "
-                  f"calls after an L2 flush instead", key=f"no-steady:{op}:{sorted(spec.items())}")
-        self.mode, self._timer = "flushed", None
-
-    # -- the journal ------------------------------------------------------------------------------
     def _journaled(self, timing: str) -> dict[Config, journal.Measurement]:
         """What the journal holds under ``timing`` (read once a search); nothing unless resuming."""
         if self.machine is None or not self.settings.resume:

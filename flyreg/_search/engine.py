@@ -3,47 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import attrs
-import torch
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.results import BenchResult, TuneError, TuneReport, TunerStats
 from flyreg._search.binding import Bind, Build, bind_all, compile_threads
-from flyreg._search.candidates import (FINAL_BAND, FINAL_SCALE, FINALISTS, Evaluator, Gate, InPlace, finalists,
-                                       final_timing)
-from flyreg._search.gate import run_reference
+from flyreg._search.candidates import (
+    FINAL_BAND,
+    FINAL_SCALE,
+    FINALISTS,
+    Evaluator,
+    final_timing,
+    finalists,
+)
+from flyreg._search.in_process import Call, InPlace, evaluating
 from flyreg._search.journal import Machine
 from flyreg._search.settings import SearchSettings
-from flyreg._search.steady import InputSet
 from flyreg._search.strategy import Budget, Exhaustive, choose
 
-__all__ = ["Bind", "Build", "Call", "FINAL_BAND", "FINAL_SCALE", "FINALISTS", "InPlace", "Machine", "bind_all",
-           "compile_threads", "final_timing", "finalists", "pick_winner", "run_search"]
-
-
-@attrs.frozen
-class Call:
-    """The call a search runs on: its arguments, by position and keyword and by name, and its device."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    named: dict[str, Any]
-    device: Any
-
-
-def _tensors(op: str, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for n in names:
-        if n not in named:
-            raise ValueError(f"{op}: {what} names {n!r}, which is not an argument of this call "
-                             f"(arguments: {sorted(named)})")
-        if not isinstance(named[n], torch.Tensor):
-            raise TypeError(f"{op}: {what} names {n!r}, which is {type(named[n]).__name__}, not a tensor")
-        out[n] = named[n]
-    return out
+__all__ = ["FINALISTS", "FINAL_BAND", "FINAL_SCALE", "Bind", "Build", "Call", "InPlace", "Machine", "bind_all",
+           "compile_threads", "final_timing", "finalists", "pick_winner", "run_search", "run_strategy"]
 
 
 def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_band: float) -> tuple[Config, float]:
@@ -86,32 +65,26 @@ def run_search(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call
     that would reject every correct config whenever the baseline is the wrong one. With no
     reference there is no ground truth, and nothing is rejected as wrong.
     """
-    op, args, kwargs = settings.op, call.args, call.kwargs
+    with evaluating(settings, spec, call, build, bind, stats, machine) as evaluate:
+        return run_strategy(evaluate, settings, spec, candidates, default, seeds)
+
+
+def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, JSONScalar], candidates: list[Config],
+                 default: Config | None, seeds: Callable[[], Sequence[Config]] = tuple) -> TuneReport:
+    """The settings' strategy over ``candidates`` (the default among them) through ``evaluate``, its final
+    round, and the report naming the winner; TuneError when there is no candidate or every one failed."""
+    op = settings.op
     cands = list(dict.fromkeys(candidates))
     if default is not None and default not in cands:
         cands.insert(0, default)
     if not cands:
         raise TuneError(f"{op}: no candidate configs for spec {spec}")
-    restore = _tensors(op, settings.restore_value, call.named, "restore_value")
-    zeroed = _tensors(op, settings.reset_to_zero, call.named, "reset_to_zero")
-    snapshot = {n: t.clone() for n, t in restore.items()}
-    in_place = InPlace(restore, snapshot, list(zeroed.values()))
-    own = InputSet(args, kwargs, {})  # the call's own arguments, as an input set of their own
-    ref = None
-    expected: dict[str, torch.Tensor] = {}  # in-place tensor -> the state the reference left it in
-    if settings.reference is not None:
-        ref, expected = run_reference(settings.reference, settings.arg_names, args, kwargs, snapshot, zeroed)
-    evaluate = Evaluator(settings, spec, own, call.device, in_place, Gate(ref, expected, {**restore, **zeroed}),
-                         build, bind, stats, machine)
     strategy, cap = choose(len(cands), settings.effort, settings.strategy)
     starts = [default] if default is not None else []
     if not isinstance(strategy, Exhaustive):
         starts += seeds()
-    try:
-        strategy.run(cands, evaluate, Budget(cap, settings.budget_s, settings.seed), starts)
-        final = evaluate.final_round(default)
-    finally:
-        in_place.prepare(own, None)  # the real call that follows runs on the true inputs
+    strategy.run(cands, evaluate, Budget(cap, settings.budget_s, settings.seed), starts)
+    final = evaluate.final_round(default)
     timed, failed, rejected = list(evaluate.timed.items()), evaluate.failed, evaluate.rejected
     if timed:  # some configs are right: each wrong one is worth a warning (else the caller reports them all)
         for config, why in rejected:

@@ -1,17 +1,21 @@
 """Candidates timed in a worker process: a crash or a hang is that candidate's failure, never the caller's.
 
 :class:`WorkerEvaluator` starts one worker (``multiprocessing``, spawn: a fresh interpreter with
-no inherited CUDA context) that builds its own timing function from a picklable factory, then
-times one config at a time. A worker that dies (an illegal memory access, an abort) or runs past
-the time limit fails that config with the reason and is replaced; the next config gets a fresh
-worker. The limit adapts: a generous one while a worker starts (imports, inputs, first
-compiles), then ``factor`` times the slowest config finished so far, at least ``min_seconds``.
+no inherited CUDA context) that builds its own measuring function from a picklable factory, then
+measures one config at a time. A worker that dies (an illegal memory access, an abort) or runs
+past the time limit fails that config with the reason and is replaced; the next config gets a
+fresh worker. The limit adapts (:class:`AdaptiveLimit`): a generous one while a worker starts
+(imports, inputs, first compiles), then ``factor`` times the slowest config finished so far, at
+least ``min_seconds``. Workers ignore SIGINT (Ctrl-C stops the caller, which stops them) and end
+when the caller dies, even by ``kill -9`` (:func:`worker_setup`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -21,8 +25,10 @@ import attrs
 
 from flyreg._core.config import Config
 
-#: ``factory(*args)`` runs in the worker and returns ``time(config) -> ms`` (raising for a bad config).
-Factory = Callable[..., Callable[[Config], float]]
+#: ``factory(*args)`` runs in the worker and returns ``measure(config, **options)`` (raising for a bad
+#: config); whatever ``measure`` returns must pickle. An ``info`` attribute of ``measure``, if any, is
+#: sent to the caller once the worker is ready (:meth:`WorkerEvaluator.start`).
+Factory = Callable[..., Callable[..., Any]]
 
 
 class IsolationError(RuntimeError):
@@ -31,26 +37,67 @@ class IsolationError(RuntimeError):
 
 @attrs.frozen
 class Outcome:
-    """One config's result in a worker: its time in ms, or why it failed."""
+    """One config's result in a worker: what ``measure`` returned, or why it failed."""
 
     config: Config
-    ms: float | None
+    value: Any
     error: str | None
 
 
+@attrs.define
+class AdaptiveLimit:
+    """Seconds a task may take: ``start_seconds`` until one finished, then ``factor`` times the slowest
+    finished so far, at least ``min_seconds``."""
+
+    start_seconds: float = 600.0
+    min_seconds: float = 30.0
+    factor: float = 20.0
+    slowest: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("start_seconds", "min_seconds", "factor"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+
+    def seconds(self) -> float:
+        return self.start_seconds if self.slowest is None else max(self.min_seconds, self.factor * self.slowest)
+
+    def add(self, seconds: float) -> None:
+        """One task finished in ``seconds``."""
+        self.slowest = seconds if self.slowest is None else max(self.slowest, seconds)
+
+
+def worker_setup(poll_seconds: float = 1.0) -> None:
+    """In a worker process: ignore Ctrl-C (the caller handles it and stops its workers, so an interrupted
+    config is never a failed one), and end at once when the caller is gone (a hung candidate would
+    otherwise outlive it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="flyreg-parent-watch", daemon=True).start()
+
+
 def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...]) -> None:
+    worker_setup()
     try:
-        time_config = factory(*args)
+        measure = factory(*args)
     except BaseException as e:  # reported to the parent, which stops
         conn.send(("setup", f"{type(e).__name__}: {e}"))
         return
-    conn.send(("ready", None))
+    conn.send(("ready", getattr(measure, "info", None)))
     while True:
         message = conn.recv()
         if message is None:
             return
+        config, options = message
         try:
-            conn.send(("ok", float(time_config(Config.from_json(message)))))
+            conn.send(("ok", measure(Config.from_json(config), **options)))
         except Exception as e:  # a failing config is reported, the worker goes on
             conn.send(("failed", f"{type(e).__name__}: {e}"))
 
@@ -65,39 +112,47 @@ def _death(code: int | None) -> str:
 
 
 class WorkerEvaluator:
-    """Times configs one by one in a worker process built by ``factory(*args)``; use it as a context manager."""
+    """Measures configs one by one in a worker process built by ``factory(*args)``; use it as a context manager."""
 
     def __init__(self, factory: Factory, args: tuple[Any, ...] = (), *, start_seconds: float = 600.0,
                  min_seconds: float = 30.0, factor: float = 20.0) -> None:
-        for name, value in (("start_seconds", start_seconds), ("min_seconds", min_seconds), ("factor", factor)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
         self.factory, self.args = factory, args
-        self.start_seconds, self.min_seconds, self.factor = start_seconds, min_seconds, factor
+        self.limits = AdaptiveLimit(start_seconds, min_seconds, factor)
         self.outcomes: dict[Config, Outcome] = {}
         self.replaced = 0
-        self._walls: list[float] = []
+        self.info: Any = None
         self._proc: Any = None
         self._conn: Connection | None = None
 
     def __enter__(self) -> WorkerEvaluator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(force=exc_type is not None)
 
     def limit(self) -> float:
         """Seconds the next config may take once its worker is up."""
-        return max(self.min_seconds, self.factor * max(self._walls)) if self._walls else self.start_seconds
+        return self.limits.seconds()
 
-    def evaluate(self, configs: Sequence[Config]) -> dict[Config, float | None]:
-        """Each config's time in ms, None for one that failed (see :attr:`outcomes` for why)."""
+    def evaluate(self, configs: Sequence[Config]) -> dict[Config, Any]:
+        """Each config's measurement, None for one that failed (see :attr:`outcomes` for why)."""
         out = {}
         for config in configs:
-            outcome = self._one(config)
-            self.outcomes[config] = outcome
-            out[config] = outcome.ms
+            outcome = self.measure(config)
+            out[config] = outcome.value
         return out
+
+    def start(self) -> Any:
+        """Start the worker unless it runs; returns its ``info``. :class:`IsolationError` when it cannot set up."""
+        if self._conn is None:
+            self._start()
+        return self.info
+
+    def measure(self, config: Config, **options: Any) -> Outcome:
+        """``measure(config, **options)`` in the worker, within the time limit; recorded in :attr:`outcomes`."""
+        outcome = self._one(config, options)
+        self.outcomes[config] = outcome
+        return outcome
 
     def _start(self) -> Connection:
         ctx = multiprocessing.get_context("spawn")
@@ -106,9 +161,10 @@ class WorkerEvaluator:
                                  name="flyreg-candidate-worker")
         self._proc.start()
         child.close()
-        if not parent.poll(self.start_seconds):
+        start = self.limits.start_seconds
+        if not parent.poll(start):
             self._kill()
-            raise IsolationError(f"the candidate worker did not start within {self.start_seconds:g} s")
+            raise IsolationError(f"the candidate worker did not start within {start:g} s")
         try:
             kind, detail = parent.recv()
         except (EOFError, OSError):
@@ -117,14 +173,14 @@ class WorkerEvaluator:
         if kind != "ready":
             self._kill()
             raise IsolationError(f"the candidate worker could not set up: {detail}")
-        self._conn = parent
+        self._conn, self.info = parent, detail
         return parent
 
-    def _one(self, config: Config) -> Outcome:
+    def _one(self, config: Config, options: dict[str, Any]) -> Outcome:
         conn = self._conn if self._conn is not None else self._start()
         limit = self.limit()
         start = time.monotonic()
-        conn.send(config.to_json())
+        conn.send((config.to_json(), options))
         if not conn.poll(limit):
             self._kill()
             return Outcome(config, None, f"timed out after {limit:.3g} s (worker replaced)")
@@ -134,7 +190,7 @@ class WorkerEvaluator:
             code = self._kill()
             return Outcome(config, None, f"the worker died ({_death(code)}); worker replaced")
         if kind == "ok":
-            self._walls.append(time.monotonic() - start)
+            self.limits.add(time.monotonic() - start)
             return Outcome(config, value, None)
         return Outcome(config, None, str(value))
 
@@ -151,9 +207,9 @@ class WorkerEvaluator:
         proc.join(30)
         return proc.exitcode
 
-    def close(self) -> None:
-        """Stop the worker (politely, then by force)."""
-        if self._conn is not None and self._proc is not None:
+    def close(self, force: bool = False) -> None:
+        """Stop the worker: politely, then by force (at once with ``force``: it may be busy)."""
+        if self._conn is not None and self._proc is not None and not force:
             try:
                 self._conn.send(None)
             except OSError:
@@ -163,4 +219,3 @@ class WorkerEvaluator:
             self._kill()
             self.replaced -= 1  # a stop, not a replacement
         self._conn = None
-

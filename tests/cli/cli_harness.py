@@ -1,4 +1,5 @@
-"""What the CLI tests share: a controlled environment, fake distributions, and a command server.
+"""What the CLI tests share: a controlled environment, fake distributions, a runner (``Flyreg``), its output
+parsers, and a command server.
 
 Every run sees only the ``flyreg.ops`` entry points of flyreg itself and of the fake
 distributions a test names (``only_plugins/sitecustomize.py``, through PYTHONPATH and
@@ -20,6 +21,7 @@ from typing import Any
 SERVER = Path(__file__).with_name("command_server.py")
 ONLY_PLUGINS = Path(__file__).with_name("only_plugins")  # its sitecustomize.py limits op discovery
 ONLY_PLUGINS_VARIABLE = "_FLYREG_TEST_DISTRIBUTIONS"
+SCRIPT = Path(sys.executable).with_name("flyreg")
 IN_TREE = "flyreg-rmsnorm"  # the distribution of the in-tree ops
 
 BROKEN_ENTRY_POINTS = "[flyreg.ops]\nbroken_op = flyreg_no_such_module.ops:op\n"
@@ -56,6 +58,64 @@ def command_env(dirs: Mapping[str, Path], sites: Mapping[str, Path] | None = Non
     })
     env.update(extra)
     return env
+
+
+class Flyreg:
+    """Runs the command with its own cache/config/XDG dirs, seeing flyreg's own ops and those of the fake
+    distributions in ``sites`` (name -> site dir) only; ``env`` adds or overrides variables."""
+
+    def __init__(self, root: Path, sites: dict[str, Path] | None = None, **env: str) -> None:
+        self.root = root
+        self.dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
+        for d in self.dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        self.env = command_env(self.dirs, sites, **env)
+
+    def argv(self, args: Sequence[str], script: bool = False) -> list[str]:
+        return [str(SCRIPT), *args] if script else [sys.executable, "-m", "flyreg", *args]
+
+    def popen(self, *args: str, script: bool = False, **env: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(args, script), env={**self.env, **env}, cwd=self.root, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run(self, *args: str, script: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.many([args], script=script, **env)[0]
+
+    def many(self, runs: Sequence[Sequence[str]], script: bool = False, envs: Sequence[dict[str, str]] = (),
+             **env: str) -> list[subprocess.CompletedProcess[str]]:
+        """Run several commands at once (each its own interpreter, ``envs[i]`` added to run i) and wait for all."""
+        procs = [self.popen(*args, script=script, **{**env, **(envs[i] if i < len(envs) else {})})
+                 for i, args in enumerate(runs)]
+        done = []
+        for args, p in zip(runs, procs):
+            out, err = p.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(self.argv(args, script), p.returncode, out, err))
+        return done
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], code: int | None = None) -> str:
+    """The single ``flyreg: error:`` line of a failed run (no traceback), checked against ``code``."""
+    assert proc.returncode != 0, proc
+    if code is not None:
+        assert proc.returncode == code, proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flyreg: error: "), proc.stderr
+    return lines[0]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of a rich table printed in ``text``, a cell folded over several lines joined back."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if rows and not cells[0]:  # a continuation line of the previous row
+            rows[-1] = [f"{a} {b}".strip() if b else a for a, b in zip(rows[-1], cells)]
+        else:
+            rows.append(cells)
+    return rows
 
 
 def unrestricted(env: Mapping[str, str]) -> dict[str, str]:

@@ -18,14 +18,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import flyreg
-from cli_harness import BROKEN_ENTRY_POINTS, command_env, fake_distribution, unrestricted
+from cli_harness import (BROKEN_ENTRY_POINTS, SCRIPT, Flyreg, fake_distribution, one_line_error, table_rows,
+                         unrestricted)
 from flyreg import Config
 from on_disk import artifact_name, emit, read_json
 
@@ -35,7 +35,6 @@ def named_for_its_content(path: Path) -> bool:
     art = read_json(path)
     return artifact_name(art["op"], art["spec"], art["device"]["name"]) == path.name
 
-SCRIPT = Path(sys.executable).with_name("flyreg")
 CPU_WORKLOADS = 8  # rmsnorm's default CPU workloads: M in (32, 256) x N in (1024, 4096) x 2 dtypes
 SPEC = "M=32,N=1024,backend=cpu,dtype=float32"
 
@@ -88,64 +87,6 @@ def make_inputs(spec, device):
 def describe():
     return {"description": "sleeps DELAY_MS per call", "version": "1", "structural": ["DELAY_MS"]}
 '''
-
-
-class Flyreg:
-    """Runs the command with its own cache/config/XDG dirs, seeing flyreg's own ops and those of the fake
-    distributions in ``sites`` (name -> site dir) only; ``env`` adds or overrides variables."""
-
-    def __init__(self, root: Path, sites: dict[str, Path] | None = None, **env: str) -> None:
-        self.root = root
-        self.dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
-        for d in self.dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
-        self.env = command_env(self.dirs, sites, **env)
-
-    def argv(self, args: Sequence[str], script: bool = False) -> list[str]:
-        return [str(SCRIPT), *args] if script else [sys.executable, "-m", "flyreg", *args]
-
-    def popen(self, *args: str, script: bool = False, **env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(args, script), env={**self.env, **env}, cwd=self.root, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def run(self, *args: str, script: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
-        return self.many([args], script=script, **env)[0]
-
-    def many(self, runs: Sequence[Sequence[str]], script: bool = False, envs: Sequence[dict[str, str]] = (),
-             **env: str) -> list[subprocess.CompletedProcess[str]]:
-        """Run several commands at once (each its own interpreter, ``envs[i]`` added to run i) and wait for all."""
-        procs = [self.popen(*args, script=script, **{**env, **(envs[i] if i < len(envs) else {})})
-                 for i, args in enumerate(runs)]
-        done = []
-        for args, p in zip(runs, procs):
-            out, err = p.communicate(timeout=120)
-            done.append(subprocess.CompletedProcess(self.argv(args, script), p.returncode, out, err))
-        return done
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], code: int | None = None) -> str:
-    """The single ``flyreg: error:`` line of a failed run (no traceback), checked against ``code``."""
-    assert proc.returncode != 0, proc
-    if code is not None:
-        assert proc.returncode == code, proc
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("flyreg: error: "), proc.stderr
-    return lines[0]
-
-
-def table_rows(text: str) -> list[list[str]]:
-    """The body rows of a rich table printed in ``text``, a cell folded over several lines joined back."""
-    rows: list[list[str]] = []
-    for line in text.splitlines():
-        if not line.startswith("│"):
-            continue
-        cells = [c.strip() for c in line.strip().strip("│").split("│")]
-        if rows and not cells[0]:  # a continuation line of the previous row
-            rows[-1] = [f"{a} {b}".strip() if b else a for a, b in zip(rows[-1], cells)]
-        else:
-            rows.append(cells)
-    return rows
 
 
 def artifacts(directory: Path, op: str | None = None) -> dict[str, Path]:

@@ -25,11 +25,13 @@ What varies from run to run or machine to machine is normalized, and the page sh
 - ``/tmp/flyreg-demo`` for the session's directory, and ``<flyreg_rmsnorm>/configs`` for the
   artifacts shipped inside the installed RMSNorm plugin;
 - ``CPU_NAME`` and ``cpu-ARCH`` for this machine's device name and architecture;
-- ``<winner>``, ``<time>`` and ``<speedup>`` in the tune summary's timing columns, the table
+- ``<winner>``, ``<time>`` and ``<speedup>`` in the tune summary's timing columns (``<speedup>``,
+  ``<of bound>`` and ``<seconds>`` in the report summary's), the table
   laid out again for the new widths (rich's titles are centred again too; a table whose folded
   cells change is shown unfolded, one line a row);
 - ``-:--:--`` for the progress bar's elapsed and remaining times, ``<seconds>`` for a tune's
-  wall time, ``<date>`` for a timestamp and ``.corrupt-<time>`` for a moved-aside file's suffix;
+  wall time, ``<date>`` for a timestamp, ``.corrupt-<time>`` for a moved-aside file's suffix and
+  ``<GB/s>`` for a measured copy bandwidth;
 - ``<progress bar>`` for an unfinished progress bar (an interrupted tune's);
 - no trailing spaces, and no blank lines at the end of an output.
 """
@@ -45,6 +47,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,6 +94,7 @@ def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
         (r"^(cost: .*, )\d+(?:\.\d+)? s$", r"\1<seconds> s"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?", "<date>"),
         (r"\.corrupt-\d+", ".corrupt-<time>"),
+        (r"copy bandwidth \d+(?:\.\d+)? GB/s", "copy bandwidth <GB/s>"),
         # where an interrupted tune's progress bar stood when SIGINT landed varies from run to run
         (r"^\S+ \S+ ━+ +\d+/\d+ -:--:-- ETA -:--:--$", "<progress bar>"),
     ]
@@ -105,7 +109,7 @@ def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
 
 
 # -- named files a block can ask for ------------------------------------------------------------------------
-def bad_artifacts(demo: Path) -> None:
+def bad_artifacts(demo: Path, env: dict[str, str]) -> None:
     """``bad/``: from the first rmsnorm artifact in ``configs/``, a copy cut after three lines, a copy saved under
     another spec's name, a backup copy, a hand-edited config the op does not offer (under another
     spec), and the same artifact as one of ``fused_add_rmsnorm``."""
@@ -127,7 +131,23 @@ def bad_artifacts(demo: Path) -> None:
     save({**data, "op": "fused_add_rmsnorm"})
 
 
-FILES: dict[str, Callable[[Path], None]] = {"bad-artifacts": bad_artifacts}
+#: A service's calls of rmsnorm on the CPU: (rows, width, calls) of float32 inputs.
+SERVED = ((32, 1024, 3), (256, 1024, 2), (32, 4096, 4))
+
+
+def serving_record(demo: Path, env: dict[str, str]) -> None:
+    """``serving.sqlite3``: the record (``FLYREG_RECORD``) of a program that makes the calls of :data:`SERVED`."""
+    program = ("import sys, torch, flyreg\nop = flyreg.op('rmsnorm')\n"
+               f"for m, n, calls in {SERVED!r}:\n"
+               "    x, w = torch.randn(m, n), torch.rand(n) + 0.5\n"
+               "    for _ in range(calls):\n"
+               "        op(x, w)\n")
+    subprocess.run([sys.executable, "-c", program], cwd=demo, env={**env, "FLYREG_RECORD": "serving.sqlite3"},
+                   check=True, capture_output=True, timeout=120)
+
+
+FILES: dict[str, Callable[[Path, dict[str, str]], None]] = {"bad-artifacts": bad_artifacts,
+                                                            "serving-record": serving_record}
 
 
 # -- running the page ---------------------------------------------------------------------------------------
@@ -202,7 +222,7 @@ class PageRun:
             for example in chain:
                 for kind, value in example.setup:
                     if kind == "files":
-                        FILES[value](session.demo)
+                        FILES[value](session.demo, session.env())
                         continue
                     output, code = self.command(session, server, value)
                     assert code == 0, f"setup {value!r} exited {code}:\n" + "\n".join(output)

@@ -102,8 +102,10 @@ def _read_plugin_timeout(name: str) -> None:
     flyreg.unregister(name)
 
 
+#: The isolation settings are used by ``flyreg tune --isolate`` only; any read of the settings checks them.
 READERS = {"FLYREG_AUTOTUNE": _read_autotune, "FLYREG_COMPILE_THREADS": _read_compile_threads,
-           "FLYREG_PLUGIN_TIMEOUT": _read_plugin_timeout}
+           "FLYREG_PLUGIN_TIMEOUT": _read_plugin_timeout, "FLYREG_COMPILE_WORKERS": _read_autotune,
+           "FLYREG_CANDIDATE_TIMEOUT": _read_autotune}
 
 
 @pytest.mark.parametrize("name, raw, allowed", [
@@ -114,6 +116,10 @@ READERS = {"FLYREG_AUTOTUNE": _read_autotune, "FLYREG_COMPILE_THREADS": _read_co
     ("FLYREG_COMPILE_THREADS", "-1", "an int >= 1"),
     ("FLYREG_COMPILE_THREADS", "abc", "an int >= 1"),
     ("FLYREG_COMPILE_THREADS", "2.5", "an int >= 1"),
+    ("FLYREG_COMPILE_WORKERS", "0", "an int >= 1"),
+    ("FLYREG_COMPILE_WORKERS", "many", "an int >= 1"),
+    ("FLYREG_CANDIDATE_TIMEOUT", "0", "seconds > 0"),
+    ("FLYREG_CANDIDATE_TIMEOUT", "inf", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "0", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "-3", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "nan", "seconds > 0"),
@@ -138,6 +144,8 @@ def test_good_values_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, f
     monkeypatch.setenv("FLYREG_CONFIG_DIR", os.pathsep.join([str(tmp_path / "a"), "", str(tmp_path / "b")]))
     monkeypatch.setenv("FLYREG_DISABLE_OPS", " x, y ,,")
     monkeypatch.setenv("FLYREG_COMPILE_THREADS", " 3 ")
+    monkeypatch.setenv("FLYREG_COMPILE_WORKERS", "2")
+    monkeypatch.setenv("FLYREG_CANDIDATE_TIMEOUT", "7.5")
     monkeypatch.setenv("FLYREG_PLUGIN_TIMEOUT", "2.5")
     with warnings.catch_warnings():
         warnings.simplefilter("error", FlyregWarning)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from flyreg.plugin import Axis, Config, Launch, OpRecord, hookimpl
+from flyreg.plugin import Axis, Config, Launch, OpRecord, Work, hookimpl
 
 from . import space
 from .checks import check_fused_add, check_rmsnorm
@@ -147,6 +147,14 @@ class RMSNormOp:
             src = x.double()
         norm = torch.rsqrt(src.square().mean(dim=-1, keepdim=True) + a["eps"])
         return src * norm * a["weight"].double()
+
+    @hookimpl
+    def work(self, spec: dict[str, Any]) -> Work:
+        """Bytes of one call of ``spec``'s row bucket: x read and y written (the fused op also reads and
+        writes the residual), the weight read once."""
+        size = getattr(torch, str(spec["dtype"])).itemsize
+        rows = int(spec["M"]) * int(spec["N"]) * size
+        return Work(bytes=(4 if self.fused else 2) * rows + int(spec["N"]) * size)
 
     @hookimpl
     def describe(self) -> OpRecord:

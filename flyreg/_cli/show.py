@@ -1,0 +1,111 @@
+"""``flyreg show``: the config a runtime call gets for a spec, and where it comes from."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from flyreg._cli.common import device_option, resolve_device, spec_values, user_errors
+
+
+@click.command()
+@click.argument("op_name", metavar="OP")
+@click.option("--spec", "specs", multiple=True, required=True, callback=spec_values, metavar="AXIS=V,...",
+              help="The spec to resolve (repeatable).")
+@device_option("Device to resolve for")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@user_errors
+def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json: bool) -> None:
+    """Show the config a runtime call of OP with this spec gets, and where it comes from.
+
+    The lookup is the runtime's: the scratch cache, then the offline artifacts, then the op's
+    default. No search is run. For an op that declares its axes, the spec is checked against
+    them; an ordered or bucketed axis left out stands for each of its buckets (one row each),
+    and an axis with a device default left out gets the device's value.
+    """
+    from flyreg._core.keys import identity_of, parse_device
+    from flyreg._plugins.record import spec_rows
+    from flyreg._plugins.registry import REGISTRY
+    from flyreg._runtime.resolution import what_serves
+
+    tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
+    record = REGISTRY.plugin(op_name).record
+    dev = resolve_device(device)
+    ident = identity_of(dev)
+    wanted: list[dict[str, Any]] = []
+    for given in specs:
+        wanted.extend(s for s in spec_rows(op_name, record, given, parse_device(dev)[0]) if s not in wanted)
+    out = []
+    for spec in wanted:
+        try:
+            res, offline = what_serves(tuner, spec, dev)
+        except Exception as e:
+            raise click.ClickException(_unresolved(op_name, spec, dev, e)) from None
+        row = {"op": op_name, "spec": res.spec, "device": ident.to_json(), "config": res.config.to_json(),
+               "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest,
+               "offline": offline.path if offline is not None and res.source in ("cache", "memory") else None}
+        out.append((row, res.config))
+    if as_json:
+        click.echo(json.dumps([r for r, _ in out], indent=2))
+    elif len(out) > 1:
+        _show_table(op_name, ident, out)
+    else:
+        _show_one(op_name, ident, *out[0])
+
+
+def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
+    """The resolution of one spec, a line per fact."""
+    from flyreg._cli.text import config_str, spec_str
+
+    click.echo(f"op:      {op}")
+    click.echo(f"spec:    {spec_str(r['spec'])}")
+    click.echo(f"device:  {ident.name} ({ident.arch})")
+    click.echo(f"config:  {config_str(config)}")
+    click.echo(f"source:  {r['source']}")
+    if r["path"]:
+        click.echo(f"path:    {r['path']}")
+    if r["nearest"]:
+        click.echo("note:    tuned for the nearest spec, not this one")
+    if r["stale"]:
+        click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
+    if r["offline"]:
+        click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+
+
+def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> None:
+    """The resolutions of several specs, a table row each."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from flyreg._cli.text import config_str, make_console, spec_str
+
+    table = Table(title=f"{op} on {ident.name} ({ident.arch})")
+    for col in ("spec", "config", "source", "path"):
+        table.add_column(col, overflow="fold")
+    for r, config in out:
+        notes = [n for n, on in (("nearest", r["nearest"]), ("stale", r["stale"])) if on]
+        source = r["source"] + (f" ({', '.join(notes)})" if notes else "")
+        table.add_row(escape(spec_str(r["spec"])), escape(config_str(config)), source, escape(r["path"] or "-"))
+    make_console().print(table)
+
+
+def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
+    """One line for a spec that resolves to nothing (or whose hooks fail on it)."""
+    from flyreg._cli.text import one_line, spec_str
+
+    if type(e) is LookupError:  # the tuner's own "no cached, offline or default config"
+        return one_line(e, typed=False)
+    hint = ""
+    try:
+        from flyreg._plugins.registry import REGISTRY
+
+        axes = sorted({k for w in REGISTRY.plugin(op).workloads(device) for k in w})
+        if axes and sorted(spec) != axes:
+            hint = f" (its workloads use the axes {', '.join(axes)})"
+    except Exception:
+        pass
+    return f"{op}: no config for spec {spec_str(spec)}: {one_line(e)}{hint}"
+
+

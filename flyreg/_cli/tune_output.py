@@ -1,0 +1,85 @@
+"""What ``flyreg tune`` prints: the ``--dry-run`` plan and the summary of the jobs run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flyreg._cli.plan import Job
+from flyreg._cli.text import config_str, escape, make_console, ms_text, spec_str
+from flyreg._core.keys import identity_of
+
+
+def print_plan(jobs: list[Job], device: str, out_dir: Path) -> None:
+    """The ``--dry-run`` table: each job and what ``tune`` would do with it."""
+    from rich.table import Table
+
+    ident = identity_of(device)
+    console = make_console()
+    table = Table(title=f"flyreg tune --dry-run on {ident.name} ({ident.arch})")
+    table.add_column("op", no_wrap=True)
+    table.add_column("spec", no_wrap=True)
+    table.add_column("action", overflow="fold", ratio=1)
+    for j in jobs:
+        action = f"fail: {j.error}" if j.error else f"skip: {j.skip}" if j.skip else "tune"
+        table.add_row(escape(j.op), escape(spec_str(j.spec) or "-"), escape(action))
+    console.print(table)
+    n = sum(1 for j in jobs if j.skip is None and j.error is None)
+    console.print(f"{n} job(s) to tune, {len(jobs) - n} not; artifacts would go to {out_dir}",
+                  markup=False, highlight=False)
+
+
+def summary(console: Any, jobs: list[Job], device: str, out_dir: Path) -> None:
+    from rich.table import Table
+
+    ident = identity_of(device)
+    table = Table(title=f"flyreg tune on {ident.name} ({ident.arch})")
+    for col, justify in (("op", "left"), ("spec", "left"), ("winner", "left"), ("time", "right"),
+                         ("vs default", "right"), ("tried", "right"), ("failed", "right")):
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("result", overflow="fold", ratio=1)
+    for j in jobs:
+        spec = spec_str(j.spec) or "-"
+        if j.tuned_spec is not None:
+            changed = {k: v for k, v in j.tuned_spec.items() if j.spec.get(k, object()) != v}
+            spec += f" (as {spec_str(changed)})"
+        r = j.result
+        if r is not None:
+            speedup = f"{r.speedup:.2f}x" if r.speedup else "-"
+            table.add_row(escape(j.op), escape(spec), config_str(r.winner), ms_text(r.winner_ms), speedup,
+                          str(r.tried), str(len(r.failed) + len(r.rejected)), "written")
+            continue
+        if j.error:
+            state = f"[red]failed[/red]: {escape(j.error)}"
+        elif j.skip:
+            state = f"skipped: {escape(j.skip)}"
+        else:
+            state = "[yellow]not run (interrupted)[/yellow]"
+        table.add_row(escape(j.op), escape(spec), "", "", "", "", "", state)
+    console.print(table)
+    _failures(console, jobs)
+    counts = {s: sum(1 for j in jobs if j.state == s) for s in ("tuned", "skipped", "failed", "pending")}
+    line = f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed"
+    if counts["pending"]:
+        line += f", {counts['pending']} not run"
+    console.print(f"{line}; artifacts in {out_dir}", markup=False, highlight=False)
+
+
+#: Failed or rejected configs the summary names per spec; the tuning journal holds them all.
+SHOWN_FAILURES = 5
+
+
+def _failures(console: Any, jobs: list[Job]) -> None:
+    """Each tuned spec's first failed or rejected configs, with the reason."""
+    lines = []
+    for j in jobs:
+        if j.result is None:
+            continue
+        failures = [*j.result.failed, *((c, f"rejected: {why}") for c, why in j.result.rejected)]
+        for config, why in failures[:SHOWN_FAILURES]:
+            lines.append(f"  {j.op} {spec_str(j.spec) or '-'}: {config_str(config)}: {why}")
+        if len(failures) > SHOWN_FAILURES:
+            lines.append(f"  {j.op} {spec_str(j.spec) or '-'}: and {len(failures) - SHOWN_FAILURES} more")
+    if lines:
+        console.print("\n".join(["failed configs (all of them are in the tuning journal):", *lines]), markup=False,
+                      highlight=False)

@@ -1,0 +1,175 @@
+"""Candidates made ready and timed in this process: bound, checked by the correctness gate, timed.
+
+:func:`evaluating` sets a search up on a call's own inputs (its in-place tensors, the
+reference's result) and yields an :class:`InProcessEvaluator`. The same evaluator, kept in a
+worker process, measures an isolated search's configs one at a time (:meth:`InProcessEvaluator.measure`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import torch
+
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.launch import Launcher, LaunchSignatureError
+from flyreg._core.results import BenchResult, TunerStats
+from flyreg._search import journal
+from flyreg._search.bench import warm_device
+from flyreg._search.binding import Bind, Build, bind_all
+from flyreg._search.candidates import Evaluator, Measured, reason
+from flyreg._search.gate import mismatch, run_reference
+from flyreg._search.graphs import CaptureError
+from flyreg._search.settings import SearchSettings
+from flyreg._search.steady import InputSet
+from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
+
+
+@attrs.frozen
+class Call:
+    """The call a search runs on: its arguments, by position and keyword and by name, and its device."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    named: dict[str, Any]
+    device: Any
+
+
+@attrs.frozen
+class Gate:
+    """The correctness gate: the reference's result (None: nothing is rejected) and the state each
+    in-place tensor (``written``, by name) must be left in (``expected``)."""
+
+    ref: Any
+    expected: dict[str, torch.Tensor]
+    written: dict[str, torch.Tensor]
+
+
+def _tensors(op: str, names: tuple[str, ...], named: dict[str, Any], what: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for n in names:
+        if n not in named:
+            raise ValueError(f"{op}: {what} names {n!r}, which is not an argument of this call "
+                             f"(arguments: {sorted(named)})")
+        if not isinstance(named[n], torch.Tensor):
+            raise TypeError(f"{op}: {what} names {n!r}, which is {type(named[n]).__name__}, not a tensor")
+        out[n] = named[n]
+    return out
+
+
+@contextlib.contextmanager
+def evaluating(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call, build: Build, bind: Bind,
+               stats: TunerStats, machine: journal.Machine | None) -> Iterator[InProcessEvaluator]:
+    """An evaluator on the call's own inputs; on exit the in-place tensors are back as the call passed them.
+
+    The reference (when the settings have one) runs once, on private copies of the in-place
+    tensors (restored, or zeroed), so it never touches the real ones; the state it leaves them in
+    is what each candidate must write (see :func:`flyreg._search.engine.run_search`).
+    """
+    restore = _tensors(settings.op, settings.restore_value, call.named, "restore_value")
+    zeroed = _tensors(settings.op, settings.reset_to_zero, call.named, "reset_to_zero")
+    snapshot = {n: t.clone() for n, t in restore.items()}
+    in_place = InPlace(restore, snapshot, list(zeroed.values()))
+    own = InputSet(call.args, call.kwargs, {})  # the call's own arguments, as an input set of their own
+    ref = None
+    expected: dict[str, torch.Tensor] = {}  # in-place tensor -> the state the reference left it in
+    if settings.reference is not None:
+        ref, expected = run_reference(settings.reference, settings.arg_names, call.args, call.kwargs, snapshot,
+                                      zeroed)
+    gate = Gate(ref, expected, {**restore, **zeroed})
+    try:
+        yield InProcessEvaluator(settings, spec, own, call.device, in_place, gate, build, bind, stats, machine)
+    finally:
+        in_place.prepare(own, None)  # the real call that follows runs on the true inputs
+
+
+class InProcessEvaluator(Evaluator):
+    """Binds a batch (compiles overlap on a thread pool), gates each config, then times them one by one."""
+
+    def __init__(self, settings: SearchSettings, spec: dict[str, JSONScalar], own: InputSet, device: Any,
+                 in_place: InPlace, gate: Gate, build: Build, bind: Bind, stats: TunerStats,
+                 machine: journal.Machine | None) -> None:
+        super().__init__(settings, spec, device, stats, machine)
+        self.own, self.in_place, self.gate, self.build, self.bind = own, in_place, gate, build, bind
+        self.launchers: dict[Config, Launcher] = {}
+        self._timer: TimeOne | None = None
+
+    def measure(self, config: Config, scale: int = 1, warm: bool = False, mode: str | None = None) -> Measured:
+        """``config`` bound, gated and timed over ``scale`` times the work in ``mode`` (default: the current
+        one), after warming the device when ``warm``; journals nothing. What an isolated search's
+        benchmarking worker runs for each config."""
+        if mode is not None and mode != self.mode:
+            self.mode, self._timer = mode, None
+        rejected = len(self.rejected)
+        ready = self._ready([config], {})
+        if not ready:
+            if len(self.rejected) > rejected:
+                return Measured(error=self.rejected[-1][1], rejected=True)
+            return Measured(error=self.failed[-1][1])
+        if warm:
+            self._warm(ready)
+        try:
+            return Measured(self._time(ready[0][1], scale))
+        except CaptureError as e:
+            return Measured(error=str(e), uncapturable=True)
+        except Exception as e:  # the caller records it
+            return Measured(error=reason(e))
+
+    def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Launcher]]:
+        """The launchers of ``todo`` that bind and pass the gate; each other config's None goes into ``out``."""
+        settings, own = self.settings, self.own
+        new = [c for c in todo if c not in self.launchers]
+        bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads) if new else {}
+        ready = []
+        for config in todo:
+            launcher = self.launchers[config] if config in self.launchers else bound[config]
+            try:
+                if isinstance(launcher, Exception):
+                    raise launcher
+                if config not in self.launchers and self.gate.ref is not None:
+                    self.in_place.prepare(own, launcher.pre)
+                    why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)
+                    for n, want in self.gate.expected.items():
+                        why = why or mismatch(self.gate.written[n], want, f"in-place argument {n!r}")
+                    if why:
+                        self._reject(config, why)
+                        out[config] = None
+                        continue
+            except LaunchSignatureError:  # the call is wrong, not the config
+                raise
+            except Exception as e:  # a failing candidate is skipped, never fatal
+                self._fail(config, reason(e), self.mode)
+                out[config] = None
+                continue
+            self.launchers[config] = launcher
+            ready.append((config, launcher))
+        return ready
+
+    def _warm(self, ready: list[tuple[Config, Launcher]]) -> None:
+        """Right before timing: the checks may have let the clocks drop."""
+        if not ready or self.device is None:
+            return
+        first = ready[0][1]
+        try:
+            warm_device(lambda: (self.in_place.prepare(self.own, first.pre), first.raw(self.own.args,
+                                                                                       self.own.kwargs)), self.device)
+        except Exception:  # that candidate fails again, and is reported, when its turn comes
+            pass
+
+    def _time(self, launcher: Launcher, scale: int) -> BenchResult:
+        if self._timer is None:
+            self._timer = self._make_timer()
+        return self._timer(launcher, scale)
+
+    def _make_timer(self) -> TimeOne:
+        settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode
+        if mode == "steady":
+            return steady_timer(settings, list(self.launchers.values()), own, self.device, in_place)
+        return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
+
+    def _fall_back(self, e: CaptureError) -> None:
+        super()._fall_back(e)
+        self._timer = None

@@ -1,0 +1,1 @@
+"""Fused mixture-of-experts kernels for flyreg."""

@@ -1,0 +1,165 @@
+"""Triton grouped GEMMs and the top-k reduction of the fused MoE.
+
+Both GEMMs walk the routing's row tiles (:mod:`.routing`): tile ``t`` holds ``BLOCK_M`` slots of
+``sorted_ids``, all of one expert. A slot's pair ``p`` reads row ``p // topk`` of x (GEMM 1) or
+row ``p`` of the intermediate (GEMM 2); padding slots read row 0 and store nothing. Programs are
+ordered in groups of ``GROUP_M`` row tiles per column tile, so the weight tile that a group's
+programs share (consecutive tiles are mostly one expert) is read from L2.
+
+* GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)`` with
+  both halves accumulated in one program (``FUSED``), or, unfused, ``x[m] @ w1[e].T`` over all 2N
+  columns into a [P, 2N] buffer that :func:`_silu_mul_kernel` then reduces to h.
+* GEMM 2 (:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, with the reduction
+  over N optionally split ``SPLIT_K`` ways (a second grid axis) into float32 partials.
+* :func:`_reduce_kernel`: ``out[m] = sum_j sum_s y_s[m * topk + j]`` over the routed pairs.
+
+Knobs that only change arithmetic on runtime values (GROUP_M, SPLIT_K) are runtime arguments, so
+configs that differ in them share one binary.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile(pid, tiles_m, tiles_n, group_m):
+    # (row tile, column tile) of program pid: GROUP_M row tiles per column tile, column-major in a group.
+    width = group_m * tiles_n
+    group = pid // width
+    first = group * group_m
+    size = tl.minimum(tiles_m - first, group_m)
+    return first + (pid % width) % size, (pid % width) // size
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr):
+    # acc + a @ b; UPCAST (Triton's interpreter, whose dot on bfloat16 is wrong) multiplies in float32.
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _rows(SORTED, pid_m, P, BLOCK_M: tl.constexpr):
+    # The tile's pair indices and which slots hold a pair (padding slots hold the sentinel P).
+    pairs = tl.load(SORTED + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pairs < P
+    return tl.where(valid, pairs, 0), valid
+
+
+# x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors.
+@triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "topk"])
+def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, ROWS_USED, P, tiles_m, group_m, topk, x_stride, N, K,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
+                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr):
+    width = N if FUSED else 2 * N  # output columns
+    pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(width, BLOCK_N), group_m)
+    if pid_m * BLOCK_M >= tl.load(ROWS_USED):
+        return
+    pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+    e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < width
+    wcols = tl.where(col_ok, cols, 0)  # in-bounds rows of w1 for masked columns
+    ks = tl.arange(0, BLOCK_K)
+    a_ptr = X + ((pairs // topk).to(tl.int64) * x_stride)[:, None] + ks[None, :]
+    g_ptr = W1 + e * (2 * N * K) + (wcols.to(tl.int64) * K)[None, :] + ks[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if FUSED:
+        u_ptr = g_ptr + N * K
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            g = tl.load(g_ptr)
+        else:
+            k_ok = ks < K - k0
+            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+            g = tl.load(g_ptr, mask=k_ok[:, None], other=0.0)
+        acc = _mma(a, g, acc, UPCAST)
+        if FUSED:
+            if EVEN_K:
+                u = tl.load(u_ptr)
+            else:
+                u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
+            acc_u = _mma(a, u, acc_u, UPCAST)
+            u_ptr += BLOCK_K
+        a_ptr += BLOCK_K
+        g_ptr += BLOCK_K
+    if FUSED:
+        acc = acc * tl.sigmoid(acc) * acc_u
+    out = H + (pairs.to(tl.int64) * width)[:, None] + cols[None, :]
+    mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
+    tl.store(out, acc.to(H.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["P", "N"])
+def _silu_mul_kernel(GU, H, P, N, BLOCK: tl.constexpr):
+    # h[p, n] = silu(gu[p, n]) * gu[p, N + n], in float32, rounded once.
+    p = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    g = tl.load(GU + p * 2 * N + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(GU + p * 2 * N + N + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(H + p * N + cols, (g * tl.sigmoid(g) * u).to(H.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "split_k", "k_tiles_per_split"])
+def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, ROWS_USED, TOPK_W, P, tiles_m, group_m, split_k,
+                 k_tiles_per_split, N, K,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
+                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr):
+    # Output columns are K (x's width); the reduction runs over N. PARTIAL: float32 partials per split.
+    pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(K, BLOCK_N), group_m)
+    split = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(ROWS_USED):
+        return
+    pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+    e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < K
+    wcols = tl.where(col_ok, cols, 0)
+    ks = tl.arange(0, BLOCK_K)
+    k_first = split * k_tiles_per_split * BLOCK_K
+    k_end = tl.minimum(N, k_first + k_tiles_per_split * BLOCK_K)
+    a_ptr = H + (pairs.to(tl.int64) * N)[:, None] + (k_first + ks)[None, :]
+    b_ptr = W2 + e * (K * N) + (wcols.to(tl.int64) * N)[None, :] + (k_first + ks)[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_first, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            b = tl.load(b_ptr)
+        else:
+            k_ok = ks < k_end - k0
+            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+        acc = _mma(a, b, acc, UPCAST)
+        a_ptr += BLOCK_K
+        b_ptr += BLOCK_K
+    acc = acc * tl.load(TOPK_W + pairs, mask=valid, other=0.0)[:, None]
+    mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
+    rows = pairs.to(tl.int64) * K
+    if PARTIAL:
+        tl.store(Y + split.to(tl.int64) * P * K + rows[:, None] + cols[None, :], acc, mask=mask)
+    else:
+        tl.store(Y + rows[:, None] + cols[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "topk", "splits", "E"])
+def _reduce_kernel(Y, IDS, OUT, M, topk, splits, E, K, BLOCK: tl.constexpr):
+    # out[m] = sum over the token's routed pairs and the splits of y, in float32 (a pair whose expert
+    # is out of range was never computed: it adds nothing).
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < K
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, topk):
+        e = tl.load(IDS + m * topk + j)
+        routed = (e >= 0) & (e < E)
+        for s in range(0, splits):
+            row = (s * M * topk + m * topk + j) * K
+            y = tl.load(Y + row + cols, mask=ok, other=0.0).to(tl.float32)
+            acc += tl.where(routed, y, 0.0)
+    tl.store(OUT + m * K + cols, acc.to(OUT.dtype.element_ty), mask=ok)

@@ -1,0 +1,107 @@
+"""Triton routing kernels: the token-expert pairs sorted by expert, each expert's run padded to the row tile.
+
+Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The routing writes
+
+* ``sorted_ids`` [rows]: pair indices grouped by expert (in pair order within an expert), each
+  expert's run padded with the sentinel ``P`` (the pair count) to a multiple of ``BLOCK_M``;
+* ``block_expert`` [rows / BLOCK_M]: the expert of each row tile;
+* ``rows_used`` [1]: the padded rows in use; row tiles at or past it have no work.
+
+``rows`` is :func:`padded_rows`, a bound that holds for every routing, so the grid of the GEMMs
+after it depends on the shapes alone (a CUDA graph can hold the whole call). Three launches:
+per-chunk expert counts (and the sentinel fill), one program that turns counts into offsets and
+tile experts, and the scatter. A pair whose expert is outside [0, E) (the op checks the ids on the
+first call of a signature, not on every call) is routed nowhere: no GEMM computes it, and the top-k
+reduction adds nothing for it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: Elements of a chunk's one-hot tile (CHUNK pairs x next_pow2(E) experts).
+ONE_HOT_ELEMS = 16384
+#: Rows of chunk counts the offsets program reads at once.
+SCAN_ROWS = 64
+#: Row tiles the offsets program labels at once, and sentinel slots a count program fills a step.
+LABEL_TILES = 256
+FILL_BLOCK = 1024
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def padded_rows(P: int, E: int, block_m: int) -> int:
+    """Rows of ``sorted_ids`` for P pairs over E experts: each non-empty expert pads at most
+    ``block_m - 1`` rows, and at most ``min(E, P)`` experts are non-empty."""
+    rows = P + min(E, P) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def chunk_size(E: int) -> int:
+    """Pairs a routing program takes: a one-hot tile of at most :data:`ONE_HOT_ELEMS` elements."""
+    return max(16, min(1024, ONE_HOT_ELEMS // next_pow2(max(E, 16))))
+
+
+@triton.jit
+def _one_hot(IDS, c, P, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    # The chunk's pair indices, their experts (E_P2 for a pair past P or out of range) and one-hot rows.
+    pairs = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(IDS + pairs, mask=pairs < P, other=E_P2).to(tl.int32)
+    ids = tl.where((ids >= 0) & (ids < E), ids, E_P2)
+    hot = (ids[:, None] == tl.arange(0, E_P2)[None, :]).to(tl.int32)
+    return pairs, ids, hot
+
+
+@triton.jit(do_not_specialize=["P", "E", "rows", "fill_per_program"])
+def _count_kernel(IDS, COUNTS, SORTED, P, E, rows, fill_per_program,
+                  CHUNK: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr):
+    c = tl.program_id(0)
+    _, _, hot = _one_hot(IDS, c, P, E, CHUNK, E_P2)
+    tl.store(COUNTS + c * E_P2 + tl.arange(0, E_P2), tl.sum(hot, axis=0))
+    start = c * fill_per_program
+    for i in range(0, fill_per_program, FILL):
+        slots = start + i + tl.arange(0, FILL)
+        tl.store(SORTED + slots, tl.full([FILL], 0, tl.int32) + P,
+                 mask=(slots < rows) & (slots < start + fill_per_program))
+
+
+@triton.jit(do_not_specialize=["chunks", "tiles", "block_m"])
+def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, chunks, tiles, block_m,
+                    E_P2: tl.constexpr, SCAN: tl.constexpr, LABEL: tl.constexpr):
+    e = tl.arange(0, E_P2)
+    total = tl.zeros([E_P2], dtype=tl.int32)
+    for c0 in range(0, chunks, SCAN):
+        r = c0 + tl.arange(0, SCAN)
+        cnt = tl.load(COUNTS + r[:, None] * E_P2 + e[None, :], mask=(r < chunks)[:, None], other=0)
+        total += tl.sum(cnt, axis=0)
+    padded = (total + block_m - 1) // block_m * block_m
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(ROWS_USED, tl.sum(padded, axis=0))
+    # Each chunk's counts become the slot of its first pair of each expert.
+    carry = ends - padded
+    for c0 in range(0, chunks, SCAN):
+        r = c0 + tl.arange(0, SCAN)
+        where = COUNTS + r[:, None] * E_P2 + e[None, :]
+        mask = (r < chunks)[:, None]
+        cnt = tl.load(where, mask=mask, other=0)
+        tl.store(where, carry[None, :] + tl.cumsum(cnt, axis=0) - cnt, mask=mask)
+        carry += tl.sum(cnt, axis=0)
+    # A tile's expert: how many experts' runs end at or before its first row (tiles past the used rows
+    # get E_P2 or less; the GEMMs never read them).
+    for t0 in range(0, tiles, LABEL):
+        t = t0 + tl.arange(0, LABEL)
+        expert = tl.sum((ends[None, :] <= (t * block_m)[:, None]).to(tl.int32), axis=1)
+        tl.store(BLOCK_EXPERT + t, tl.minimum(expert, E_P2 - 1), mask=t < tiles)
+
+
+@triton.jit(do_not_specialize=["P", "E"])
+def _scatter_kernel(IDS, COUNTS, SORTED, P, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    c = tl.program_id(0)
+    pairs, ids, hot = _one_hot(IDS, c, P, E, CHUNK, E_P2)
+    rank = tl.sum(tl.cumsum(hot, axis=0) * hot, axis=1) - 1  # earlier pairs of the same expert in this chunk
+    routed = ids < E_P2
+    base = tl.load(COUNTS + c * E_P2 + ids, mask=routed, other=0)
+    tl.store(SORTED + base + rank, pairs, mask=routed)

@@ -1,0 +1,151 @@
+"""Config spaces and no-search defaults of the fused MoE.
+
+A spec is ``{"E", "N", "K", "topk", "M": m_bucket(rows), "dtype", "backend"}``. Triton knobs:
+``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output columns of a tile in
+both GEMMs; GEMM 1 computes that many gate and as many up columns), ``BLOCK_K`` (reduction depth a
+step), ``GROUP_M`` (row tiles a group of programs walks per column tile) and ``SPLIT_K`` (ways
+GEMM 2's reduction over N is split, float32 partials summed by the top-k reduction), with the hints
+``num_warps`` and ``num_stages``. CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from flyreg.plugin import Config
+
+#: Row-count buckets: an unseen M is served from the smallest bucket at least M (the largest above it).
+M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
+
+BLOCK_MS = (16, 32, 64, 128)
+BLOCK_NS = (32, 64, 128, 256)
+BLOCK_KS = (64, 128, 256)
+GROUP_MS = (1, 4, 8, 16, 32)
+SPLIT_KS = (1, 2, 4, 8)
+WARPS = (4, 8)
+STAGES = (2, 3, 4, 5)
+
+#: Shared memory a program may use on the H200 (227 KiB a block), less room for the epilogue.
+SMEM_BYTES = 227 * 1024 - 8 * 1024
+#: Most float32 accumulator elements a thread holds in GEMM 1 (gate and up): more spill registers.
+MAX_ACC_PER_THREAD = 128
+#: Rows per expert up to which GEMM 2 may split its reduction (few row tiles, too few programs).
+SPLIT_ROWS = 64
+#: Multiprocessors of the H200: the default splits GEMM 2 until its programs fill them once.
+SMS = 132
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def m_bucket(M: int) -> int:
+    """The smallest bucket of :data:`M_BUCKETS` at least M; the largest for more rows."""
+    for b in M_BUCKETS:
+        if M <= b:
+            return b
+    return M_BUCKETS[-1]
+
+
+def _int(spec: Mapping[str, Any], name: str, least: int) -> int:
+    v = spec.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ValueError(f"fused_moe spec[{name!r}] must be an int >= {least}, got {v!r}")
+    return v
+
+
+def shape(spec: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
+    """``(M, E, N, K, topk)`` of a spec, validated."""
+    return (max(1, _int(spec, "M", 0)), _int(spec, "E", 1), _int(spec, "N", 1), _int(spec, "K", 1),
+            _int(spec, "topk", 1))
+
+
+def rows_per_expert(spec: Mapping[str, Any]) -> int:
+    """Rows an expert gets when the M * topk pairs spread evenly over the experts (at least 1)."""
+    M, E, _, _, topk = shape(spec)
+    return max(1, -(-M * topk // E))
+
+
+def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Shared memory of GEMM 1's pipeline (x tile and the gate and up tiles, 2 bytes an element)."""
+    return stages * (bm * bk + 2 * bk * bn) * 2
+
+
+def _tile_ok(bm: int, bn: int, bk: int, warps: int, stages: int, max_bm: int) -> bool:
+    if bm > max_bm or _smem(bm, bn, bk, stages) > SMEM_BYTES:
+        return False
+    if 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
+        return False
+    return warps == 4 or bm * bn >= 4096  # 8 warps only with 16 or more accumulator rows a warp
+
+
+def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Candidate configs for ``spec``, pruned by shared memory, registers and the rows per expert."""
+    M, E, N, K, topk = shape(spec)
+    r = rows_per_expert(spec)
+    max_bm = max(BLOCK_MS[0], _next_pow2(r))
+    tiles_m = min(E, M * topk) * -(-r // BLOCK_MS[0])  # row tiles of the smallest BLOCK_M, an estimate
+    groups = [g for g in GROUP_MS if g == 1 or g < tiles_m]
+    out = []
+    for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
+        if not _tile_ok(bm, bn, bk, warps, stages, max_bm):
+            continue
+        k_tiles = -(-N // bk)
+        splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and k_tiles >= 2 * s)]
+        for g, s in itertools.product(groups, splits):
+            out.append(Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s},
+                              num_warps=warps, num_stages=stages))
+    default = triton_default(spec)
+    if default not in out:
+        out.append(default)
+    return out
+
+
+def triton_default(spec: Mapping[str, Any]) -> Config:
+    """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets.
+
+    Up to 16 rows (decode): 16-row tiles, 64 columns, 128 deep, 4 warps, 4 stages, and GEMM 2 split
+    until its programs fill the 132 SMs once. Up to 64 rows: 32-row tiles in groups of 8. Up to
+    512: 64 x 256 tiles, 64 deep, 8 warps, 3 stages (on the H200, Mixtral at M = 1024: 1.54x over
+    64 x 128 with 4 warps). More: 128 x 128 tiles, 8 warps, 3 stages, groups of 8.
+    """
+    M, E, N, K, topk = shape(spec)
+    r = rows_per_expert(spec)
+    if r <= 16:
+        bm, bn, bk, warps, stages, group = 16, 64, 128, 4, 4, 1
+    elif r <= 64:
+        bm, bn, bk, warps, stages, group = 32, 64, 128, 4, 4, 8
+    elif r <= 512:
+        bm, bn, bk, warps, stages, group = 64, 256, 64, 8, 3, 1
+    else:
+        bm, bn, bk, warps, stages, group = 128, 128, 64, 8, 3, 8
+    bm = min(bm, max(BLOCK_MS[0], _next_pow2(r)))
+    split = 1
+    if r <= SPLIT_ROWS:
+        # GEMM 2 programs without a split: row tiles times column tiles of K.
+        programs = min(E, M * topk) * -(-r // bm) * -(-K // bn)
+        k_tiles = -(-N // bk)
+        while split < SPLIT_KS[-1] and programs * split < SMS and k_tiles >= 4 * split:
+            split *= 2
+    return Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split},
+                  num_warps=warps, num_stages=stages)
+
+
+#: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
+CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Candidate CPU configs: EXPERT_GROUP from 1 to E."""
+    _, E, _, _, _ = shape(spec)
+    groups = sorted({g for g in CPU_GROUPS if g < E} | {E})
+    return [Config({"EXPERT_GROUP": g}) for g in groups]
+
+
+def cpu_default(spec: Mapping[str, Any]) -> Config:
+    """Heuristic CPU config: every expert in one step while experts get few rows (dispatch
+    dominates), one expert a step once they get many (padding would dominate)."""
+    _, E, _, _, _ = shape(spec)
+    return Config({"EXPERT_GROUP": E if rows_per_expert(spec) <= 8 else 1})

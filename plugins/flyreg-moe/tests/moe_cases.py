@@ -1,0 +1,43 @@
+"""What the fused-MoE tests share: an independent float32 reference and random calls with chosen routings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+#: Relative Frobenius error allowed against the float32 reference, by dtype (bf16 keeps 8 bits).
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def reference(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """out[m] = sum_j tw[m, j] * w2[e] @ (silu(w1[e, :N] @ x[m]) * (w1[e, N:] @ x[m])), token by token in float32."""
+    N = w2.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for m in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[m, j])
+            h = w1[e].float() @ x[m].float()
+            out[m] += tw[m, j] * (w2[e].float() @ (F.silu(h[:N]) * h[N:]))
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def call(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype = torch.bfloat16, device: str = "cpu",
+         routing: str = "random", seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Fresh random arguments. ``routing``: ``random`` (distinct experts a token), ``one`` (every pair to
+    expert E - 1), ``skewed`` (experts 0 and 1 only, so the others get no token)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w1 = (torch.randn(E, 2 * N, K, generator=g) * K ** -0.5).to(dtype)
+    w2 = (torch.randn(E, K, N, generator=g) * N ** -0.5).to(dtype)
+    tw = torch.rand(M, topk, generator=g) + 0.1
+    if routing == "random":
+        ids = torch.argsort(torch.rand(M, E, generator=g), dim=1)[:, :topk]
+    elif routing == "one":
+        ids = torch.full((M, topk), E - 1)
+    else:
+        ids = torch.randint(0, 2, (M, topk), generator=g)
+    return tuple(t.to(device) for t in (x, w1, w2, tw, ids.to(torch.int32)))

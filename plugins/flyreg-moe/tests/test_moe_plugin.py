@@ -1,0 +1,130 @@
+"""The fused-MoE plugin through flyreg's public API: listing, specs, bad input, the torch op, tuning on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import flyreg
+from flyreg_moe import space
+
+from moe_cases import TOL, call, reference, rel_err
+
+SPEC = {"E": 8, "K": 40, "N": 48, "topk": 2, "dtype": "bfloat16"}
+
+
+def test_listed_ok_with_its_distribution() -> None:
+    info = {i.name: i for i in flyreg.ops()}["fused_moe"]
+    assert info.status == "ok", info.error
+    assert info.distribution == "flyreg-moe"
+
+
+def test_served_on_the_cpu_matches_the_reference() -> None:
+    args = call(7, 8, 48, 40, 2, seed=5)
+    out = flyreg.op("fused_moe")(*args)
+    assert rel_err(out, reference(*args)) < TOL[torch.bfloat16]
+    res = flyreg.resolve("fused_moe", *args)
+    assert res.spec == {**SPEC, "M": 8, "backend": "cpu"}  # M is rounded up to its bucket
+
+
+def test_keyword_arguments_reach_the_op() -> None:
+    x, w1, w2, tw, ids = call(3, 4, 32, 24, 1, seed=6)
+    out = flyreg.op("fused_moe")(x, w1, w2, topk_ids=ids, topk_weights=tw)
+    assert rel_err(out, reference(x, w1, w2, tw, ids)) < TOL[torch.bfloat16]
+
+
+def test_m_buckets_and_nearest_lookup_axis() -> None:
+    assert flyreg.resolve_spec("fused_moe", {**SPEC, "M": 300}).spec["M"] == 512
+    assert flyreg.resolve_spec("fused_moe", {**SPEC, "M": 100000}).spec["M"] == 8192
+    with pytest.raises(flyreg.SpecError, match="dtype: float32 is not one of bfloat16|float16"):
+        flyreg.resolve_spec("fused_moe", {**SPEC, "M": 4, "dtype": "float32"})
+
+
+BAD = [
+    ("x and w1 disagree on K", lambda a: (a[0][:, :-1], *a[1:]), ValueError, "w1 .* x's K=39"),
+    ("ids out of range", lambda a: (*a[:4], a[4] + 8), ValueError, r"topk_ids must be expert indices in \[0, 8\)"),
+    ("negative ids", lambda a: (*a[:4], a[4] - 9), ValueError, r"topk_ids must be expert indices"),
+    ("float ids", lambda a: (*a[:4], a[4].float()), TypeError, "topk_ids must be int32 or int64"),
+    ("mixed dtypes", lambda a: (a[0], a[1], a[2].half(), *a[3:]), TypeError, "w2 must have x's dtype"),
+    ("fp16 weights", lambda a: (a[0], a[1], a[2], a[3].half(), a[4]), TypeError, "topk_weights must be float32"),
+    ("weights wrong shape", lambda a: (*a[:3], a[3][:, :1].contiguous(), a[4]), ValueError,
+     r"topk_weights must be \[M, topk\] = \(5, 2\)"),
+    ("wrong device", lambda a: (a[0], a[1].to("meta"), *a[2:]), ValueError, "w1 must be on x's device cpu"),
+    ("not a tensor", lambda a: (a[0].tolist(), *a[1:]), TypeError, "x must be a torch.Tensor"),
+    ("w2 wrong shape", lambda a: (a[0], a[1], a[2][:, :, :-1], *a[3:]), ValueError, r"w2 must be \[E, K, N\]"),
+]
+
+
+@pytest.mark.parametrize("make, error, match", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_a_clear_error_naming_the_argument(make, error: type, match: str) -> None:
+    args = call(5, 8, 48, 40, 2, seed=7)
+    with pytest.raises(error, match=match):
+        flyreg.op("fused_moe")(*make(args))
+
+
+def test_space_is_pruned_by_shared_memory_and_rows() -> None:
+    big = {"E": 8, "K": 4096, "N": 14336, "topk": 2, "M": 8192}
+    small = {**big, "M": 1}
+    configs = space.triton_configs(big)
+    assert len(configs) > 500
+    for c in configs:
+        k = c.kwargs
+        stages = c.hints["num_stages"]
+        assert stages * (k["BLOCK_M"] * k["BLOCK_K"] + 2 * k["BLOCK_K"] * k["BLOCK_N"]) * 2 <= 227 * 1024
+    decode = space.triton_configs(small)
+    assert {c.kwargs["BLOCK_M"] for c in decode} == {16}  # one row an expert: the smallest tile only
+    assert {c.kwargs["SPLIT_K"] for c in decode} > {1} and {c.kwargs["SPLIT_K"] for c in configs} == {1}
+    for spec in (big, small):
+        assert space.triton_default(spec) in space.triton_configs(spec)
+
+
+def test_workloads_cover_the_model_shapes_on_cuda_and_small_shapes_on_the_cpu() -> None:
+    from flyreg_moe import ops
+
+    gpu = ops.workloads("cuda")
+    assert len(gpu) == 4 * 14 and {w["M"] for w in gpu} == set(space.M_BUCKETS)
+    assert {(w["E"], w["K"], w["N"], w["topk"]) for w in gpu} == {(8, 4096, 14336, 2), (128, 2048, 768, 8),
+                                                                  (64, 2048, 1408, 6), (32, 2880, 2880, 4)}
+    assert all(w["backend"] == "cpu" for w in ops.workloads("cpu"))
+
+
+def test_torch_op_through_flyreg_torch() -> None:
+    import flyreg.torch
+
+    flyreg.torch.register("fused_moe")
+    args = call(4, 4, 32, 24, 2, seed=8)
+    out = torch.ops.flyreg.fused_moe(*args)
+    assert rel_err(out, reference(*args)) < TOL[torch.bfloat16]
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(*a: torch.Tensor) -> torch.Tensor:
+        return torch.ops.flyreg.fused_moe(*a) * 2
+
+    assert rel_err(step(*args), 2 * reference(*args)) < TOL[torch.bfloat16]
+
+
+def test_tune_on_the_cpu_writes_an_artifact_that_is_served(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "cache"))
+    args = call(6, 4, 32, 24, 2, seed=9)
+    report = flyreg.op("fused_moe").tune(*args, out_dir=tmp_path / "configs")
+    written = list((tmp_path / "configs").glob("fused_moe,*.json"))
+    assert len(written) == 1
+    data = json.loads(written[0].read_text())
+    assert data["spec"]["M"] == 8 and data["config"]["kwargs"]["EXPERT_GROUP"] in (1, 2, 4)
+    assert report.winner == flyreg.resolve("fused_moe", *args).config and not report.failed and not report.rejected
+
+
+def test_declared_flops_equal_the_matmul_flops_of_the_reference() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flyreg_moe import ops
+    from flyreg_moe.cpu import fused_moe_reference  # matmuls over each expert's rows, as counted
+
+    M, E, N, K, topk = 13, 8, 48, 40, 3
+    args = call(M, E, N, K, topk, seed=9)
+    with FlopCounterMode(display=False) as counter:
+        fused_moe_reference(*args)
+    spec = {"E": E, "K": K, "N": N, "topk": topk, "dtype": "bfloat16", "M": M}
+    assert ops.work(spec).flops == counter.get_total_flops()

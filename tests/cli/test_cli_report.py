@@ -1,0 +1,103 @@
+"""``flyreg report`` after a CPU tune: the page, its plots, every journaled spec, coverage, and its errors.
+
+Commands run in fresh interpreters that see flyreg's own ops and the toy op of ``toy_ops.py``
+(it states flops as well as bytes) only.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cli_harness import Flyreg, one_line_error, table_rows
+from toy_ops import NAME, toy_site
+
+pytest.importorskip("matplotlib", reason="flyreg report draws with matplotlib (flyreg[report])")
+Image = pytest.importorskip("PIL.Image", reason="the PNG check decodes with Pillow (a matplotlib dependency)")
+
+IMAGE = re.compile(r"<img alt='([^']*)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>")
+
+
+@pytest.fixture(scope="module")
+def cmd(tmp_path_factory: pytest.TempPathFactory) -> Flyreg:
+    root = tmp_path_factory.mktemp("report")
+    return Flyreg(root, {NAME: toy_site(root / "site")})
+
+
+@pytest.fixture(scope="module")
+def tuned(cmd: Flyreg) -> list[tuple[str, str]]:
+    """Two specs of each RMSNorm op and the toy op's workloads tuned on the CPU: the (op, spec) rows tuned."""
+    rows = []
+    for args in (["--where", "M=32,dtype=float32"], ["toyscale"]):
+        proc = cmd.run("tune", *args, "--device", "cpu")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows += [(r[0], r[1]) for r in table_rows(proc.stdout) if r[-1] == "written"]
+    assert {op for op, _ in rows} == {"rmsnorm", "fused_add_rmsnorm", "toyscale"}
+    return rows
+
+
+@pytest.fixture(scope="module")
+def report(cmd: Flyreg, tuned: list[tuple[str, str]]) -> tuple[subprocess.CompletedProcess[str], str]:
+    proc = cmd.run("report", "--out", str(cmd.root / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page = cmd.root / "out" / "index.html"
+    assert f"report: {page}" in proc.stdout
+    return proc, page.read_text(encoding="utf-8")
+
+
+def sections(page: str) -> dict[str, str]:
+    """Each op's part of the page, by op name."""
+    parts = re.split(r"<h2 id='[^']*'>", page)[1:]
+    return {part.split(" on ", 1)[0]: part for part in parts}
+
+
+def test_every_plot_is_a_png_that_decodes(report: tuple[subprocess.CompletedProcess[str], str]) -> None:
+    _, page = report
+    images = IMAGE.findall(page)
+    assert len(images) == page.count("<img ") >= 9  # speedup, spread and bound for each of three ops
+    for _, data in images:
+        with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as png:
+            assert png.format == "PNG"
+            png.load()
+            assert png.width > 100 and png.height > 100
+
+
+def test_every_tuned_spec_appears_in_its_op_section(report: tuple[subprocess.CompletedProcess[str], str],
+                                                    tuned: list[tuple[str, str]]) -> None:
+    _, page = report
+    found = sections(page)
+    assert set(found) == {op for op, _ in tuned}
+    for op, spec in tuned:
+        assert f"<td>{html.escape(spec)}</td>" in found[op], (op, spec)
+    assert {alt for alt, _ in IMAGE.findall(found["toyscale"])} == {"speedup", "spread", "bound"}
+
+
+def test_the_page_states_throughput_cost_and_coverage(report: tuple[subprocess.CompletedProcess[str], str]) -> None:
+    proc, page = report
+    found = sections(page)
+    assert "GB/s" in found["rmsnorm"] and "TFLOP/s" in found["toyscale"]  # bytes for RMSNorm, flops too for the toy
+    assert re.search(r"\d+ configs timed .*, \d+ failed or rejected, [\d.]+ s of measuring", found["rmsnorm"])
+    assert "measured: copy bandwidth" in found["rmsnorm"]  # no CPU is in the known-peaks table
+    # RMSNorm declares eight CPU workloads; two of them were tuned: six have no artifact
+    assert re.search(r"8 workload\(s\) declared .*2 current.*6 missing", found["rmsnorm"])
+    assert found["rmsnorm"].count("<span class='missing'>missing</span>") == 6
+    rows = {r[0]: r for r in table_rows(proc.stdout)}
+    assert set(rows) == set(found) and rows["rmsnorm"][1] == "2" and rows["rmsnorm"][-1] == "2/8"
+
+
+def test_errors_are_one_line(cmd: Flyreg, tmp_path: Path) -> None:
+    empty = cmd.run("report", FLYREG_CACHE_DIR=str(tmp_path / "empty"))
+    assert "holds no measurements" in one_line_error(empty, 1)
+    assert "unknown op 'rmsnrm'" in one_line_error(cmd.run("report", "rmsnrm"), 2)
+    hidden = tmp_path / "hide"
+    (hidden / "matplotlib").mkdir(parents=True)
+    (hidden / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden by the test')\n", encoding="utf-8")
+    without = cmd.run("report", PYTHONPATH=os.pathsep.join([str(hidden), cmd.env["PYTHONPATH"]]))
+    assert "pip install 'flyreg[report]'" in one_line_error(without, 1)

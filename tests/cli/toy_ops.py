@@ -1,0 +1,87 @@
+"""A toy op for the report and record tests, installed as a fake distribution ``toy-ops``.
+
+``toyscale``: ``out = 2 x``, ``CHUNK`` elements at a time. Every config is offered for every spec,
+so an artifact tuned for one ``n`` serves its neighbours along the ordered axis ``n`` (a nearest
+artifact); the ``dtype`` axis is not ordered, so another dtype gets the default. It states its
+work in bytes and flops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli_harness import fake_distribution
+
+NAME = "toy-ops"
+ENTRY_POINTS = "[flyreg.ops]\ntoyscale = flyreg_toy_ops.toyscale\n"
+MODULE = '''
+"""toyscale: out = 2 x, CHUNK elements at a time."""
+import torch
+
+from flyreg.plugin import Axis, Config, OpRecord, Work, hookimpl
+
+CHUNKS = (64, 256, 1024)
+
+
+@hookimpl
+def specialize(args, kwargs):
+    x = args[0]
+    return {"n": x.numel(), "dtype": str(x.dtype).removeprefix("torch.")}
+
+
+@hookimpl
+def build(config, spec):
+    chunk = config.kwargs["CHUNK"]
+
+    def launch(x):
+        out = torch.empty_like(x)
+        flat, dst = x.view(-1), out.view(-1)
+        for i in range(0, flat.numel(), chunk):
+            torch.mul(flat[i:i + chunk], 2, out=dst[i:i + chunk])
+        return out
+
+    return launch
+
+
+@hookimpl
+def configs(spec):
+    return [Config({"CHUNK": c}) for c in CHUNKS]
+
+
+@hookimpl
+def default(spec):
+    return Config({"CHUNK": 256})
+
+
+@hookimpl
+def workloads(device):
+    return [{"n": n, "dtype": "float32"} for n in (256, 4096)]
+
+
+@hookimpl
+def make_inputs(spec, device):
+    return (torch.randn(spec["n"], dtype=getattr(torch, spec["dtype"]), device=device),), {}
+
+
+@hookimpl
+def reference(args, kwargs):
+    return args[0].double() * 2
+
+
+@hookimpl
+def work(spec):
+    size = getattr(torch, spec["dtype"]).itemsize
+    return Work(bytes=2 * spec["n"] * size, flops=spec["n"])
+
+
+@hookimpl
+def describe():
+    return OpRecord(description="out = 2 x, CHUNK elements at a time", version="1", structural=["CHUNK"],
+                    arg_names=["x"], axes=[Axis("n", int, ordered=True), Axis("dtype", str, values=("float32", "float64"))])
+'''
+
+
+def toy_site(root: Path) -> Path:
+    """The site dir of the fake distribution ``toy-ops`` under ``root``."""
+    return fake_distribution(root, NAME, ENTRY_POINTS,
+                             {"flyreg_toy_ops/__init__.py": "", "flyreg_toy_ops/toyscale.py": MODULE})
