@@ -42,29 +42,16 @@ def per_call_us(fn: Callable[[], Any], calls: int, runs: int) -> float:
 def key_costs(device: str, calls: int, runs: int) -> dict[str, float]:
     import torch
 
-    from flyreg import Config
-    from flyreg._runtime.builder import BuildCache
-    from flyreg._core.keys import cache_key, env_values, identity_of, normalize_spec, tensor_axes
+    from flyreg import BuildCache, Config
 
     x = torch.randn(64, 128, device=device)
     w = torch.randn(128, device=device)
-    spec = {"n_cols": 128, "dtype": "float32", "eps": 1e-6}
-    ident = identity_of(x.device)
-    env = ("FLYREG_BENCH_VARIANT",)
-
-    def full_key() -> str:
-        named = {"x": x, "w": w}
-        return cache_key("bench_op", normalize_spec(spec), tensor_axes(named.items()), ident, "1", env_values(env))
-
-    def key_only() -> str:
-        return cache_key("bench_op", spec, [["w", "float32", [1]], ["x", "float32", [2, 1]]], ident, "1", ())
-
     tuner = _tuner(BuildCache(), Config)
+    tuner(x, w)  # resolved: what follows finds the key in memory
     return {
-        "cache_key (key JSON only)": per_call_us(key_only, calls, runs),
-        "cache_key + tensor_axes + normalize_spec + env": per_call_us(full_key, calls, runs),
-        "tuner fast key, 2 tensors + 1 kwarg": per_call_us(lambda: tuner._fast_key((x, w), {"eps": 1e-6}), calls, runs),
-        "tuner fast key, 2 tensors": per_call_us(lambda: tuner._fast_key((x, w), {}), calls, runs),
+        "persistent key + memory hit (resolve)": per_call_us(lambda: tuner.resolve(x, w), calls, runs),
+        "tuner fast key, 2 tensors + 1 kwarg (is_bound)": per_call_us(lambda: tuner.is_bound(x, w, eps=1e-6), calls, runs),
+        "tuner fast key, 2 tensors (is_bound)": per_call_us(lambda: tuner.is_bound(x, w), calls, runs),
     }
 
 
@@ -83,8 +70,7 @@ def _tuner(build_cache: Any, config_cls: Any, launch: Callable[..., Any] | None 
 def call_overhead(device: str, calls: int, runs: int) -> dict[str, float]:
     import torch
 
-    from flyreg import Config
-    from flyreg._runtime.builder import BuildCache
+    from flyreg import BuildCache, Config
 
     x = torch.randn(64, 128, device=device)
     w = torch.randn(128, device=device)

@@ -2,11 +2,15 @@
 
     python benchmarks/scratch_cache.py [--entries 200000] [--samples 200]
 
-Fills a fresh cache dir with ``--entries`` entries of realistic size (one op, spread over keys like
-a call key's hash), then times, each as the median over ``--samples`` tries in a fresh process's
-first connection and then warm: ``get`` of a key that is present and of one that is absent (what
-the first call of a new key pays), and ``store`` of a new entry (one transaction). Prints a table
-and, with ``--json``, writes it. Runs on the CPU; no GPU needed.
+Fills a fresh cache dir with ``--entries`` entries of realistic size: one written by a real search,
+the rest copies of it under other keys, written straight into the cache's documented table (the
+setup, not what is measured). Then, in a fresh process, times through the public API, each the
+median over ``--samples`` tries: the first resolution of the searched key (what the first call of a
+new key pays, the process's first connection to the database included; imports are warmed on another
+cache dir first), the resolution of that key and of an
+absent one by a new tuner each (key building, the lookup, and for the absent key the artifact
+directories and the default), and a search of one config (its store included). Prints a table and,
+with ``--json``, writes it. Runs on the CPU; no GPU needed.
 """
 
 from __future__ import annotations
@@ -15,39 +19,75 @@ import argparse
 import hashlib
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+#: The op of the benchmark: ``out = x`` with one config and a default, spec ``{"M": rows}``; imported by both
+#: processes (``make()`` a new tuner, ``rows(m)`` a call of spec M=m).
+OP = """
+import torch
+import flyreg
+from flyreg import Config
 
-def entry(i: int) -> dict[str, object]:
-    return {"spec": {"M": i % 8192, "N": 4096, "dtype": "bfloat16", "backend": "triton"},
-            "device": {"name": "NVIDIA_H200", "arch": "sm_90"},
-            "toolchain": {"flyreg": "0.1.0", "torch": "2.11.0", "triton": "3.6.0", "op": "3"},
-            "env": {}, "config": {"kwargs": {"BLOCK_N": 4096, "ROWS": 1}, "hints": {"num_warps": 8}},
-            "time_ms": 0.0123, "default_ms": 0.0130, "date": "2026-12-01T00:00:00+00:00"}
+
+def make():
+    return flyreg.autotune_builder("op", lambda config, spec: (lambda x: x), lambda x: {"M": int(x.shape[0])},
+                                   [Config({"BLOCK_N": 4096, "ROWS": 1}, num_warps=8)],
+                                   lambda spec: Config({"BLOCK_N": 4096, "ROWS": 1}, num_warps=8), warmup=0, rep=1)
+
+
+def rows(m):
+    return torch.zeros(m, 8)
+"""
+
+CHILD = OP + """
+import json, os, sys, tempfile, time
+samples = int(sys.argv[1])
+real = os.environ["FLYREG_CACHE_DIR"]
+with tempfile.TemporaryDirectory() as warm:  # the first resolution anywhere imports what a call needs: not timed
+    os.environ["FLYREG_CACHE_DIR"] = warm
+    make().resolve(rows(1))
+    os.environ["FLYREG_CACHE_DIR"] = real
+t0 = time.perf_counter(); first = make().resolve(rows(1)); first_ms = (time.perf_counter() - t0) * 1e3
+assert first.source == "cache", first
+out = {"first_resolve_ms": first_ms, "hit_ms": [], "miss_ms": [], "search_ms": []}
+for s in range(samples):
+    tuner = make()
+    t0 = time.perf_counter(); hit = tuner.resolve(rows(1)); out["hit_ms"].append((time.perf_counter() - t0) * 1e3)
+    t0 = time.perf_counter(); miss = tuner.resolve(rows(2 + s)); out["miss_ms"].append((time.perf_counter() - t0) * 1e3)
+    assert (hit.source, miss.source) == ("cache", "default"), (hit, miss)
+    t0 = time.perf_counter(); tuner.tune(rows(100_000 + s), emit=False)
+    out["search_ms"].append((time.perf_counter() - t0) * 1e3)
+print(json.dumps(out))
+"""
+
+SEARCH_ONE = OP + """
+make().tune(rows(1), emit=False)
+"""
 
 
 def key(i: int) -> str:
     return hashlib.sha256(str(i).encode()).hexdigest()
 
 
-CHILD = """
-import json, sys, time
-from flyreg._artifacts import cache
-n, samples = int(sys.argv[1]), int(sys.argv[2])
-t0 = time.perf_counter(); hit = cache.get("op", sys.argv[3]); first = time.perf_counter() - t0
-assert hit is not None
-out = {"first_get_ms": first * 1e3, "get_hit_ms": [], "get_miss_ms": [], "store_ms": []}
-for s in range(samples):
-    t0 = time.perf_counter(); cache.get("op", sys.argv[3]); out["get_hit_ms"].append((time.perf_counter() - t0) * 1e3)
-    t0 = time.perf_counter(); cache.get("op", f"absent-{s}"); out["get_miss_ms"].append((time.perf_counter() - t0) * 1e3)
-    t0 = time.perf_counter(); cache.store("op", f"new-{s}", json.loads(sys.argv[4]))
-    out["store_ms"].append((time.perf_counter() - t0) * 1e3)
-print(json.dumps(out))
-"""
+def fill(directory: str, entries: int) -> None:
+    """One real search's entry, and ``entries - 1`` copies of it (other specs) under other keys."""
+    subprocess.run([sys.executable, "-c", SEARCH_ONE], check=True, env=os.environ.copy())
+    with sqlite3.connect(os.path.join(directory, "flyreg-cache.sqlite3")) as conn:
+        ((text,),) = conn.execute("SELECT entry FROM entries WHERE op = 'op'").fetchall()
+        entry = json.loads(text)
+
+        def copies() -> object:
+            for i in range(entries - 1):
+                entry["spec"] = {"M": 1_000_000 + i}
+                yield key(i), json.dumps(entry, sort_keys=True)
+
+        conn.executemany("INSERT INTO entries VALUES ('op', ?, ?, 0)", copies())
+    conn.close()
 
 
 def main() -> None:
@@ -58,28 +98,23 @@ def main() -> None:
     args = ap.parse_args()
     if args.entries < 1 or args.samples < 1:
         ap.error("--entries and --samples must be >= 1")
-    with tempfile.TemporaryDirectory() as d:
-        os.environ["FLYREG_CACHE_DIR"] = d
-        from flyreg._artifacts import cache
-
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as configs:
+        os.environ.update({"FLYREG_CACHE_DIR": d, "FLYREG_CONFIG_DIR": configs})
         t0 = time.perf_counter()
-        text = json.dumps(entry(0), sort_keys=True)
-        with cache.DB.write() as conn:  # bulk fill in one transaction: the setup, not what is measured
-            conn.executemany("INSERT INTO entries VALUES ('op', ?, ?, 0)", ((key(i), text) for i in range(args.entries)))
-        fill = time.perf_counter() - t0
+        fill(d, args.entries)
+        fill_s = time.perf_counter() - t0
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-        cache.close()
-        done = subprocess.run([sys.executable, "-c", CHILD, str(args.entries), str(args.samples), key(args.entries // 2),
-                               json.dumps(entry(1))], capture_output=True, text=True, check=True, env=os.environ.copy())
+        done = subprocess.run([sys.executable, "-c", CHILD, str(args.samples)], capture_output=True, text=True,
+                              check=True, env=os.environ.copy())
         r = json.loads(done.stdout)
-    rows = {"entries": args.entries, "database_mb": size / 1e6, "fill_s": fill,
-            "first_get_ms (new process, first connection)": r["first_get_ms"],
-            "get_hit_ms (median)": statistics.median(r["get_hit_ms"]),
-            "get_miss_ms (median)": statistics.median(r["get_miss_ms"]),
-            "store_ms (median)": statistics.median(r["store_ms"]),
-            "store_ms (max)": max(r["store_ms"])}
+    rows = {"entries": args.entries, "database_mb": size / 1e6, "fill_s": fill_s,
+            "first_resolve_ms (new process, first connection)": r["first_resolve_ms"],
+            "resolve_hit_ms (new tuner, key present; median)": statistics.median(r["hit_ms"]),
+            "resolve_miss_ms (new tuner, key absent; median)": statistics.median(r["miss_ms"]),
+            "search_and_store_ms (one config; median)": statistics.median(r["search_ms"]),
+            "search_and_store_ms (one config; max)": max(r["search_ms"])}
     for k, v in rows.items():
-        print(f"{k:48s} {v:12.3f}" if isinstance(v, float) else f"{k:48s} {v:12d}")
+        print(f"{k:52s} {v:12.3f}" if isinstance(v, float) else f"{k:52s} {v:12d}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)

@@ -27,6 +27,7 @@ _EXPORTS = {
     "hookimpl": "_plugins.hookspecs",
     "hookspec": "_plugins.hookspecs",
     "check_artifacts": "_artifacts.validate",
+    "accepts": "_plugins.registry",
     "op": "_plugins.registry",
     "ops": "_plugins.registry",
     "resolve": "_plugins.registry",

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
+import attrs
 import pytest
 
 
@@ -17,9 +21,8 @@ def _flyreg_env() -> dict[str, str]:
 
 @functools.cache
 def _installed_op_names() -> frozenset[str]:
-    from flyreg._plugins.registry import Registry
-
-    return frozenset(Registry().names())
+    """The op names the installed distributions declare (entry points of the group ``flyreg.ops``)."""
+    return frozenset(ep.name for ep in importlib.metadata.entry_points(group="flyreg.ops"))
 
 
 @pytest.fixture
@@ -28,21 +31,20 @@ def no_leaked_state() -> Iterator[None]:
 
     Set up before (so checked after) every other function-scoped fixture, monkeypatch included.
     """
-    from flyreg._plugins import registry
+    import flyreg
 
-    env, reg = _flyreg_env(), registry.REGISTRY
+    env = _flyreg_env()
     yield
     assert _flyreg_env() == env, f"the test left environment variables changed: {env} -> {_flyreg_env()}"
-    assert registry.REGISTRY is reg, "the test left another registry in place of flyreg's process-wide one"
-    if reg._entries is not None:
-        extra, missing = set(reg._entries) - _installed_op_names(), _installed_op_names() - set(reg._entries)
-        assert not extra and not missing, \
-            f"the test left flyreg's registry changed: ops {sorted(extra)} added, {sorted(missing)} removed"
+    registered = {info.name for info in flyreg.ops()}
+    extra, missing = registered - _installed_op_names(), _installed_op_names() - registered
+    assert not extra and not missing, \
+        f"the test left flyreg's registry changed: ops {sorted(extra)} added, {sorted(missing)} removed"
 
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(no_leaked_state: None, tmp_path_factory: pytest.TempPathFactory,
-                  monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
+                  monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """Point the scratch cache, the emit dir and platformdirs' user dirs at fresh temporary folders."""
     root = tmp_path_factory.mktemp("flyreg")
     dirs = {name: root / name for name in ("cache", "configs", "xdg_config", "xdg_cache")}
@@ -54,10 +56,55 @@ def isolated_dirs(no_leaked_state: None, tmp_path_factory: pytest.TempPathFactor
     monkeypatch.setenv("XDG_CACHE_HOME", str(dirs["xdg_cache"]))
     monkeypatch.delenv("FLYREG_AUTOTUNE", raising=False)
     monkeypatch.delenv("FLYREG_DISABLE_OPS", raising=False)
-    from flyreg._core import fileio as _fileio
-    from flyreg._artifacts import store as offline
+    # Each test sees flyreg's one-time warnings afresh, as a new process would (no public call resets them).
+    from flyreg._core import fileio
 
-    offline._index.clear()
-    _fileio._warned.clear()
-    yield dirs
-    offline._index.clear()
+    fileio._warned.clear()
+    return dirs
+
+
+@attrs.frozen
+class CliRun:
+    """What one ``flyreg`` command did: its exit status and what it wrote to stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+@functools.cache
+def _console_entry_point() -> Callable[[list[str]], None]:
+    """The ``flyreg`` console script's function, as installed."""
+    script = next(iter(importlib.metadata.entry_points(group="console_scripts", name="flyreg")))
+    return script.load()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def flyreg_cli(capfd: pytest.CaptureFixture[str]) -> Callable[..., CliRun]:
+    """``flyreg_cli(*argv)`` runs ``flyreg ARGV`` in this process (``list`` and ``check`` in the child the
+    command starts), with this test's environment, and returns what it did."""
+
+    def run(*argv: str) -> CliRun:
+        capfd.readouterr()
+        code = 0
+        try:
+            _console_entry_point()([*argv])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        out, err = capfd.readouterr()
+        return CliRun(code, out, err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def fresh_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A :class:`fresh_process.FreshProcess`: code run in new flyreg processes that see only the plugins a test names."""
+    from fresh_process import FreshProcess
+
+    runner = FreshProcess(tmp_path_factory.mktemp("fresh"))
+    yield runner
+    runner.close()

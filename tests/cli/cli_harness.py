@@ -136,11 +136,21 @@ class CommandServer:
             interrupt: tuple[int, Path] | None = None) -> int:
         """Run ``flyreg ARGV`` in ``env`` (a ``command_env``); its stdout and stderr, interleaved, land in
         ``output``; returns its exit status."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        request: dict[str, Any] = {"argv": list(argv), "dists": env[ONLY_PLUGINS_VARIABLE].split(","),
-                                   "env": {**env, "PYTHONUNBUFFERED": "1"}, "cwd": str(cwd), "output": str(output)}
+        request: dict[str, Any] = {"argv": list(argv)}
         if interrupt is not None:
             request["interrupt"] = [interrupt[0], str(interrupt[1])]
+        return self._request(request, env, cwd, output)
+
+    def run_code(self, code: str, *, env: Mapping[str, str], cwd: Path, output: Path,
+                 path: Sequence[Path] = ()) -> int:
+        """Run the Python ``code`` as a script, with the ``path`` dirs first on ``sys.path``, as :meth:`run` runs a
+        command."""
+        return self._request({"code": code, "path": [str(p) for p in path]}, env, cwd, output)
+
+    def _request(self, request: dict[str, Any], env: Mapping[str, str], cwd: Path, output: Path) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        request.update({"dists": env[ONLY_PLUGINS_VARIABLE].split(","), "env": {**env, "PYTHONUNBUFFERED": "1"},
+                        "cwd": str(cwd), "output": str(output)})
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()

@@ -1,10 +1,11 @@
-"""A server that runs ``flyreg`` commands as forks of one interpreter that already imported torch.
+"""A server that runs ``flyreg`` commands (or Python code) as forks of one interpreter that already imported torch.
 
 ``python command_server.py`` (with ``only_plugins/`` on PYTHONPATH) imports torch and the command
 once, then runs each request (one JSON line on stdin: ``argv``, ``dists``, ``env``, ``cwd``,
-``output`` and optionally ``interrupt``) in a forked child with that environment and working
-directory, its stdout and stderr both written unbuffered to the ``output`` file, and answers
-``{"code": EXIT_STATUS}``. The child is a fresh process as far as flyreg can tell: nothing of
+``output`` and optionally ``interrupt``; or ``code`` and ``path`` in place of ``argv``: Python
+source run as a script with the ``path`` dirs first on ``sys.path``) in a forked child with that
+environment and working directory, its stdout and stderr both written unbuffered to the ``output``
+file, and answers ``{"code": EXIT_STATUS}``. The child is a fresh process as far as flyreg can tell: nothing of
 flyreg's state (registry, device identity, caches) exists before the fork. It sees the
 ``flyreg.ops`` entry points of ``dists`` only (``only_plugins/sitecustomize.py``; ``env`` names
 them too, for the interpreters the command starts). With ``interrupt`` ``[N, DIR]`` the child
@@ -13,6 +14,7 @@ gets SIGINT once DIR holds N ``*.json`` files; a child still running after five 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -57,10 +59,13 @@ def _child(request: dict[str, Any]) -> None:
         os.close(out)
         sitecustomize.restrict_plugins(request["dists"])
         sitecustomize.as_from_a_terminal()
-        sys.argv = ["flyreg", *request["argv"]]
-        from flyreg._cli.main import main
-
-        code = exit_status(main)
+        if "code" in request:
+            sys.path[:0] = request.get("path", [])
+            sys.argv = ["-c"]
+            code = exit_status(lambda: exec(compile(request["code"], "<fresh process>", "exec"), {"__name__": "__main__"}))
+        else:
+            sys.argv = ["flyreg", *request["argv"]]
+            code = exit_status(flyreg_main())
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -68,6 +73,11 @@ def _child(request: dict[str, Any]) -> None:
             except Exception:
                 pass
         os._exit(code)
+
+
+def flyreg_main() -> Callable[[], object]:
+    """The ``flyreg`` console script's function."""
+    return next(iter(importlib.metadata.entry_points(group="console_scripts", name="flyreg"))).load()
 
 
 def _wait(pid: int, interrupt: list[Any] | None, limit_s: float = 300.0) -> int:
@@ -94,8 +104,7 @@ def serve() -> None:
     import rich.table  # noqa: F401
     import torch  # noqa: F401
 
-    import flyreg._cli.main  # noqa: F401
-    import flyreg._cli.tune_jobs  # noqa: F401
+    flyreg_main()
 
     for line in sys.stdin:
         request = json.loads(line)

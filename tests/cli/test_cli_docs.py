@@ -58,8 +58,8 @@ import pytest
 
 from cli_harness import BROKEN_ENTRY_POINTS, CommandServer, command_env, fake_distribution
 from doc_examples import Example, examples, normalize, rewrite
-from flyreg._artifacts.store import artifact_filename
-from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg import DeviceIdentity
+from on_disk import artifact_name, this_device
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGEN = os.environ.get("FLYREG_REGEN_DOCS") == "1"
@@ -120,11 +120,11 @@ def bad_artifacts(demo: Path, env: dict[str, str]) -> None:
     bad.mkdir()
 
     def save(content: dict[str, Any]) -> None:
-        (bad / artifact_filename(content["op"], content["spec"], device)).write_text(json.dumps(content, indent=2))
+        (bad / artifact_name(content["op"], content["spec"], device)).write_text(json.dumps(content, indent=2))
 
     (bad / source.name).write_text("\n".join(text.splitlines()[:3]), encoding="utf-8")  # cut after the hints
     other = {**data["spec"], "M": data["spec"]["M"] * 2}
-    (bad / artifact_filename("rmsnorm", other, device)).write_text(text, encoding="utf-8")
+    (bad / artifact_name("rmsnorm", other, device)).write_text(text, encoding="utf-8")
     (bad / "rmsnorm-backup.json").write_text(text, encoding="utf-8")
     save({**data, "spec": {**data["spec"], "N": data["spec"]["N"] * 2},
           "config": {"kwargs": {"ROW_BLOCK": 7}, "hints": {}}})
@@ -263,7 +263,7 @@ def page_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     for _ in range(workers):
         servers.put(CommandServer(server_env))
     try:
-        run = PageRun(tmp, sites, servers, identity_of(None))
+        run = PageRun(tmp, sites, servers, this_device())
         with ThreadPoolExecutor(workers) as pool:
             bodies = [pair for done in pool.map(run.chain, range(len(grouped)), grouped) for pair in done]
     finally:

@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from flyreg._core.keys import identity_of
-from flyreg._artifacts.store import artifact_filename
+from on_disk import artifact_name, this_device
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "thirdparty" / "flyreg-scale"
@@ -88,9 +87,8 @@ def first_process(site: Path, dirs: dict[str, Path]) -> Any:
     ``make_inputs()`` hooks and the tuner's ``tune()``.
     """
     return run_python(site, """
-        import json, os, sys, torch
+        import importlib.metadata, json, os, sys, torch
         import flyreg
-        from flyreg._plugins import registry
 
         assert "flyreg_scale" not in sys.modules  # nothing is imported before an op is used
         listed = [[i.name, i.distribution, i.version, i.status, i.error, list(i.structural or ())]
@@ -106,8 +104,9 @@ def first_process(site: Path, dirs: dict[str, Path]) -> Any:
         res = flyreg.resolve("scale", x, out, alpha=3.0)
         (scale_report,) = scale.reports.values()
 
-        plugin = registry.REGISTRY.plugin("rowsum")
-        (spec,) = plugin.workloads("cpu")
+        (entry,) = [ep for ep in importlib.metadata.entry_points(group="flyreg.ops") if ep.name == "rowsum"]
+        plugin = entry.load()  # the plugin object its distribution names: its hooks, called directly
+        (spec,) = plugin.workloads()  # its hook takes none of the arguments flyreg would pass
         args, kwargs = plugin.make_inputs(spec, "cpu")
         report = flyreg.op("rowsum").tune(*args, **kwargs)
         print(json.dumps({
@@ -127,9 +126,9 @@ def test_listed_by_ops(first_process: Any) -> None:
 
 
 def test_tuned_and_emitted_into_the_config_dir(first_process: Any, dirs: dict[str, Path]) -> None:
-    device = identity_of(None).name
-    scale_file = dirs["configs"] / artifact_filename("scale", SCALE_SPEC, device)
-    rowsum_file = dirs["configs"] / artifact_filename("rowsum", ROWSUM_SPEC, device)
+    device = this_device().name
+    scale_file = dirs["configs"] / artifact_name("scale", SCALE_SPEC, device)
+    rowsum_file = dirs["configs"] / artifact_name("rowsum", ROWSUM_SPEC, device)
     assert scale_file.name == f"scale,M=256,N=64,dtype=float32,device_name={device}.json"
     assert sorted(p.name for p in dirs["configs"].glob("*.json")) == sorted([scale_file.name, rowsum_file.name])
     artifact, source, scale_config, searches = first_process["scale"]
@@ -167,11 +166,11 @@ def test_served_offline_by_name_in_a_fresh_process(site: Path, first_process: An
             "near": [near.source, near.nearest, near.config.to_json()],
         }))
     """, {**dirs, "cache": dirs["cache"] / "fresh"})
-    device = identity_of(None).name
+    device = this_device().name
     assert served["scale"] == ["offline", scale_config,
-                               str(dirs["configs"] / artifact_filename("scale", SCALE_SPEC, device)), 0]
+                               str(dirs["configs"] / artifact_name("scale", SCALE_SPEC, device)), 0]
     assert served["rowsum"] == ["offline", rowsum_config,
-                                str(dirs["configs"] / artifact_filename("rowsum", ROWSUM_SPEC, device))]
+                                str(dirs["configs"] / artifact_name("rowsum", ROWSUM_SPEC, device))]
     assert served["near"] == ["offline", True, rowsum_config]
     assert served["rows"] == [SCALE_SPEC, scale_config]
     assert served["typo"].startswith("scale: spec {'M': 256, 'N': 64, 'dtyp': 'float32'} does not fit the op's axes: "

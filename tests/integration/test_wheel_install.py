@@ -18,21 +18,26 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugins" / "flyreg-rmsnorm"
 ARTIFACTS = PLUGIN / "flyreg_rmsnorm" / "configs"
 
+#: In the fresh venv, on an H200 faked in torch (the shipped artifacts are the H200's): where the installed
+#: plugin's artifact of SPEC is served from, and every lookup dir ``flyreg check`` reads.
 PROBE = """
-import json, sys
+import importlib.metadata, io, json, sys, types
+from contextlib import redirect_stdout
+import torch
 import flyreg, flyreg_rmsnorm
-from flyreg._core.keys import DeviceIdentity
-from flyreg._plugins.registry import REGISTRY
 
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.current_device = lambda: 0
+torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0,
+                                                                   L2_cache_size=60 << 20, multi_processor_count=132)
+torch.version.hip = None
 spec = json.loads(sys.argv[1])
-tuner = REGISTRY.tuner("rmsnorm")
-hit = tuner.offline.lookup(spec, DeviceIdentity("NVIDIA_H200", "sm_90"), accepts=tuner.space.accepts)
+hit = flyreg.resolve_spec("rmsnorm", spec, "cuda")
 info = {i.name: i for i in flyreg.ops()}["rmsnorm"]
-print(json.dumps({"flyreg": flyreg.__file__, "plugin": flyreg_rmsnorm.__file__, "dirs": [str(d) for d in tuner.offline.dirs()],
-                  "path": str(hit.path) if hit else None, "config": repr(hit.config) if hit else None,
-                  "distribution": info.distribution}))
+print(json.dumps({"flyreg": flyreg.__file__, "plugin": flyreg_rmsnorm.__file__, "source": hit.source,
+                  "path": hit.path, "config": repr(hit.config), "distribution": info.distribution}))
 """
-
 _SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
 
 
@@ -92,7 +97,10 @@ def test_a_fresh_venv_serves_the_plugins_shipped_artifacts(venv: tuple[Path, Pat
     assert Path(probe["flyreg"]).is_relative_to(venv_dir) and Path(probe["plugin"]).is_relative_to(venv_dir)
     assert probe["distribution"] == "flyreg-rmsnorm"
     configs = Path(probe["plugin"]).parent / "configs"
-    assert probe["dirs"][-1] == str(configs)  # the plugin's own config_dir, after the user's dirs
-    assert probe["path"] is not None and Path(probe["path"]) == configs / shipped[0].name
+    assert probe["source"] == "offline" and Path(probe["path"]) == configs / shipped[0].name  # the plugin's config_dir
+    check = subprocess.run([str(python), "-m", "flyreg", "check", "--verbose"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    listed = {line.strip().split(": ")[0] for line in check.stdout.splitlines() if line.startswith("  ")}
+    assert str(configs / shipped[0].name) in listed  # the plugin's config_dir is a lookup dir of the installed copy
     kwargs, hints = artifact["config"]["kwargs"], artifact["config"]["hints"]
     assert all(f"{k}={v!r}" in probe["config"] for k, v in {**kwargs, **hints}.items())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flyreg._search.bench import do_bench
+from flyreg import do_bench
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -17,7 +17,6 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(not hasattr(torch.library, "register_fake"), reason="needs torch >= 2.4")
 
 import flyreg  # noqa: E402
-from flyreg._runtime.builder import BUILD_CACHE  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugin_authoring.md"
 SECOND = "## A second example"
@@ -39,7 +38,6 @@ def scaled_add(monkeypatch: pytest.MonkeyPatch, isolated_dirs: dict[str, Path]) 
     module.__file__ = str(DOC)
     monkeypatch.setitem(sys.modules, "my_kernels.scaled_add", module)
     exec(compile(example_source(), f"{DOC}:triton-example", "exec"), module.__dict__)
-    BUILD_CACHE.clear(NAME)
     flyreg.register(module, name=NAME)
     try:
         yield module

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from flyreg._plugins.registry import REGISTRY, build_tuner
+from installed import new_tuner, plugin as installed_plugin
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -17,7 +17,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def fresh_tuner(op: str):  # a new tuner: empty memory, same hooks
-    return build_tuner(REGISTRY.plugin(op))
+    return new_tuner(op)
 
 
 def inputs(op: str, M: int, N: int, dtype: torch.dtype) -> tuple:
@@ -32,7 +32,7 @@ def inputs(op: str, M: int, N: int, dtype: torch.dtype) -> tuple:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_default_path_matches_reference(op: str, dtype: torch.dtype) -> None:
     tuner = fresh_tuner(op)
-    plugin = REGISTRY.plugin(op)
+    plugin = installed_plugin(op)
     for M, N in [(1, 4096), (300, 2880), (4096, 8192), (33, 16384)]:
         args = inputs(op, M, N, dtype)
         ref = plugin.reference(tuple(a.clone() for a in args), {})  # the fused reference updates its residual
@@ -63,13 +63,13 @@ def test_forced_search_then_reuse_and_artifact_round_trip(monkeypatch: pytest.Mo
     assert res.source == "offline" and res.path == report.artifact and res.config == report.winner
     out = fresh(*args)
     assert fresh.stats.benchmarks == 0
-    assert rel_err(out, REGISTRY.plugin("rmsnorm").reference(args, {})) < 1e-2
+    assert rel_err(out, installed_plugin("rmsnorm").reference(args, {})) < 1e-2
 
 
 def test_fused_add_tuned_with_restore_value_equals_one_clean_run(monkeypatch: pytest.MonkeyPatch) -> None:
     x, residual, w = inputs("fused_add_rmsnorm", 4096, 4096, torch.bfloat16)
     clean_res = residual.clone()
-    expected_y = REGISTRY.plugin("fused_add_rmsnorm").reference((x, clean_res.clone(), w), {})
+    expected_y = installed_plugin("fused_add_rmsnorm").reference((x, clean_res.clone(), w), {})
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
     tuner = fresh_tuner("fused_add_rmsnorm")
     y = tuner(x, residual, w)

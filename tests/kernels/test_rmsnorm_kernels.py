@@ -18,7 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flyreg._core.config import Config
+from flyreg import Config
 from flyreg_rmsnorm import cpu, space
 
 try:

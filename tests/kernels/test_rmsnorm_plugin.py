@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import flyreg
-from flyreg._core.launch import bind_launcher
-from flyreg._plugins.registry import REGISTRY
+
+from installed import plugin as installed_plugin
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -21,7 +21,7 @@ def test_eps_positional_and_keyword_agree_and_matter(op: str) -> None:
     torch.manual_seed(7)
     x = torch.randn(17, 96) * 1e-2  # small rows, so eps changes the result
     w = torch.rand(96) + 0.5
-    plugin = REGISTRY.plugin(op)
+    plugin = installed_plugin(op)
 
     def call(*extra: object, **kw: object) -> tuple[torch.Tensor, tuple]:
         if op == "fused_add_rmsnorm":
@@ -56,15 +56,15 @@ def test_bad_input_is_a_clear_error_through_the_op() -> None:
 
 def test_backend_comes_from_the_device_and_a_bad_spec_is_one_error() -> None:
     spec = {"M": 32, "N": 1024, "dtype": "float32"}
-    assert REGISTRY.plugin("rmsnorm").record.ordered_axes == ("M",)  # nearest lookup along M only, as before
+    assert installed_plugin("rmsnorm").describe().ordered_axes == ("M",)  # nearest lookup along M only, as before
     assert flyreg.resolve_spec("rmsnorm", spec).spec == {**spec, "backend": "cpu"}
     assert flyreg.resolve_spec("rmsnorm", {**spec, "M": 20}).spec["M"] == 32  # M is rounded up to its bucket
     with pytest.raises(flyreg.SpecError, match=r"backend: tpu is not one of triton\|cpu; dtype: int8 is not "
                                                r"one of bfloat16\|float16\|float32\. Axes: M \(int, ordered"):
         flyreg.resolve_spec("rmsnorm", {**spec, "dtype": "int8", "backend": "tpu"})
-    # the hooks themselves still check a spec handed to them directly, and say whose error it is
-    with pytest.raises(ValueError, match=r"^rmsnorm\.default: RMSNorm spec .* lacks axes \['backend'\]"):
-        REGISTRY.plugin("rmsnorm").default(spec)
+    # the hooks themselves still check a spec handed to them directly
+    with pytest.raises(ValueError, match=r"^RMSNorm spec .* lacks axes \['backend'\]"):
+        installed_plugin("rmsnorm").default(spec)
 
 
 def _triton_ok() -> bool:
@@ -84,10 +84,13 @@ def test_triton_launch_binds_once_per_call_signature(op: str, monkeypatch: pytes
     from flyreg_rmsnorm import triton_kernels
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs Triton on CPU tensors
-    plugin = REGISTRY.plugin(op)
+    plugin = installed_plugin(op)
+    d = plugin.describe()
     spec = {"M": 32, "N": 100, "backend": "triton", "dtype": "float32"}
     config = plugin.default(spec)
-    launch = plugin.build(config, spec)
+    tuner = flyreg.autotune_builder(  # the default only: its first call binds, no search
+        f"{op}_bind_test", plugin.build, lambda *a, **k: {**plugin.specialize(a, k), "backend": "triton"},
+        [config], lambda s: config, structural=d.structural, arg_names=d.arg_names, build_cache=flyreg.BuildCache())
     torch.manual_seed(11)
     x = torch.randn(7, 100, device=device) * 1e-2  # small rows, so eps=1e-5 against 1e-6 shows
     w = torch.rand(100, device=device) + 0.5
@@ -96,15 +99,14 @@ def test_triton_launch_binds_once_per_call_signature(op: str, monkeypatch: pytes
     for name in ("check_rmsnorm", "check_fused_add"):
         real = getattr(triton_kernels, name)
         monkeypatch.setattr(triton_kernels, name, lambda *a, _real=real, **k: checks.append(1) or _real(*a, **k))
-    launcher = bind_launcher(op, launch, config, args, {"eps": 1e-5}, plugin.record.arg_names or (), ())
-    assert len(checks) == 1
-    for _ in range(3):
+    for i in range(3):
         fresh = tuple(a.clone() for a in args)
         expected = plugin.reference(tuple(a.clone() for a in fresh), {"eps": 1e-5})
-        out = launcher.call(fresh, {"eps": 1e-5})
+        out = tuner(*fresh, eps=1e-5)
         assert rel_err(out, expected) < 1e-5
         assert rel_err(out, plugin.reference(tuple(a.clone() for a in fresh), {})) > 1e-3  # eps reached it
-    assert len(checks) == 1  # the steady state re-validates nothing
+        assert len(checks) == 1  # bound at the first call; the steady state re-validates nothing
+    assert tuner.stats.searches == 0
 
 
 @pytest.mark.skipif(not _triton_ok(), reason="triton not importable, or no GPU and no interpreter")
@@ -113,8 +115,8 @@ def test_triton_backend_through_a_tuner_with_every_eps_form(op: str, monkeypatch
     """The Triton launch path of the plugin through a tuner (bind included): search, then eps by position,
     by keyword and by default, each against the float64 reference; fused add updates residual once."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    plugin = REGISTRY.plugin(op)
-    d = plugin.record
+    plugin = installed_plugin(op)
+    d = plugin.describe()
     tuner = flyreg.autotune_builder(
         f"{op}_triton_test", plugin.build, lambda *a, **k: {**plugin.specialize(a, k), "backend": "triton"},
         plugin.configs, plugin.default, structural=d.structural, arg_names=d.arg_names,

@@ -1,8 +1,9 @@
 """Calls made while a CUDA graph is being captured: a new key is served from the scratch cache, an
 offline artifact or the default, never searched; a resolved key just launches.
 
-On the CPU the capture state is the one thing faked (``flyreg._runtime.resolution.capturing``); the kernels, the
-lookups and the counters are real. The ``gpu`` tests capture real graphs and replay them.
+On the CPU the capture state is the one thing faked (flyreg's own query of it, the one internal this suite still
+reaches: a CPU has no CUDA stream to capture); the kernels, the lookups and the counters are real. The ``gpu``
+tests capture real graphs and replay them.
 """
 
 from __future__ import annotations
@@ -15,16 +16,11 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, FlyregWarning
-from flyreg._core import fileio as _fileio
-from flyreg._artifacts import cache
-from flyreg._artifacts import store as offline
+from flyreg import BuildCache, Config, FlyregWarning, GraphCaptureError
 from flyreg._runtime import resolution
-from flyreg._runtime.builder import BuildCache
-from flyreg._core.keys import identity_of
-from flyreg._artifacts.store import emit_artifact
-from flyreg._plugins.registry import REGISTRY, build_tuner
-from flyreg._runtime.tuner import GraphCaptureError, capturing
+
+from installed import new_tuner, plugin as installed_plugin
+from on_disk import cache_entries, emit
 
 CHUNKS = (1, 16, 256)
 DEFAULT = Config({"CHUNK": 16})
@@ -88,13 +84,6 @@ def capture_warnings(record: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, FlyregWarning) and "captured" in str(w.message)]
 
 
-def test_capturing_is_false_off_cuda() -> None:
-    assert capturing(None) is False
-    assert capturing(torch.device("cpu")) is False
-    if not torch.cuda.is_available():
-        assert capturing(torch.device("cuda", 0)) is False
-
-
 @pytest.mark.parametrize("forced", [False, True])
 def test_miss_in_capture_serves_the_default_without_a_search(
     monkeypatch: pytest.MonkeyPatch, in_capture: Probe, forced: bool
@@ -117,12 +106,14 @@ def test_miss_in_capture_serves_the_default_without_a_search(
     assert in_capture.launches == [16, 16, 16]  # the real calls only: nothing was timed
     res = tuner.resolve(x, out)
     assert (res.source, res.origin, res.config) == ("memory", "default", DEFAULT)
-    assert cache.load("cap_default") == {}  # nothing written during capture
+    assert cache_entries("cap_default") == {}  # nothing written during capture
     assert in_capture.queries == 2  # once per new key, never on the steady-state call
 
 
-def test_capture_serves_the_scratch_cache_then_an_offline_artifact(probe: Probe, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_capture_serves_the_scratch_cache_then_an_offline_artifact(probe: Probe, monkeypatch: pytest.MonkeyPatch,
+                                                                   isolated_dirs: dict[str, Any]) -> None:
     x, out = xy()
+    art = emit(isolated_dirs["configs"], "cap_sources", {"n": 32}, Config({"CHUNK": 256}))  # another spec's artifact
     monkeypatch.setattr(resolution, "capturing", lambda device: False)
     searched = double_op("cap_sources", Probe(), default=None)
     report = searched.tune(x, out, emit=False)  # outside capture: a real search fills the scratch cache
@@ -134,12 +125,8 @@ def test_capture_serves_the_scratch_cache_then_an_offline_artifact(probe: Probe,
     res = fresh.resolve(x, out)
     assert (res.origin, res.config) == ("cache", report.winner)
 
-    cache.clear("cap_sources")
-    art = emit_artifact("cap_sources", {"n": 64}, identity_of(None), Config({"CHUNK": 256}), "0", None, None)
-    offline._index.clear()
     fresh = double_op("cap_sources", probe)
-    x2, out2 = xy()
-    _fileio._warned.clear()  # the same op and spec warned above
+    x2, out2 = xy(rows=32)  # another spec: nothing in the scratch cache, an artifact
     with pytest.warns(FlyregWarning, match="serving the offline config"):
         assert torch.equal(fresh(x2, out2), x2 * 2)
     res = fresh.resolve(x2, out2)
@@ -196,8 +183,8 @@ def test_tune_during_capture_raises(in_capture: Probe) -> None:
 
 def test_rmsnorm_plugin_in_capture_serves_its_default(monkeypatch: pytest.MonkeyPatch, in_capture: Probe) -> None:
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
-    tuner = build_tuner(REGISTRY.plugin("rmsnorm"))
-    plugin = REGISTRY.plugin("rmsnorm")
+    tuner = new_tuner("rmsnorm")
+    plugin = installed_plugin("rmsnorm")
     x, w = torch.randn(300, 512), torch.rand(512) + 0.5
     with pytest.warns(FlyregWarning, match="rmsnorm: spec .* serving the default config"):
         y = tuner(x, w)
@@ -227,7 +214,7 @@ def _static_inputs(op: str, M: int, N: int, dtype: torch.dtype) -> tuple[torch.T
 
 def _replay_and_check(graph: Any, op: str, static: tuple[torch.Tensor, ...], y: torch.Tensor) -> None:
     """Copy fresh random data into the static inputs, replay, compare with the float64 reference."""
-    plugin = REGISTRY.plugin(op)
+    plugin = installed_plugin(op)
     for _ in range(3):
         fresh = [torch.randn_like(t) for t in static[:-1]]
         ref = plugin.reference((*[f.clone() for f in fresh], static[-1]), {})
@@ -251,12 +238,12 @@ def test_gpu_unresolved_key_in_capture_serves_default_and_replays(
     static = _static_inputs(op, M, N, torch.bfloat16)
     # Triton loads a kernel binary on its first launch, which CUDA forbids during capture: load the
     # binary this key will get through another tuner first, so the capturing tuner's key is still new.
-    warm = build_tuner(REGISTRY.plugin(op))
+    warm = new_tuner(op)
     expected = warm.resolve(*static)
     warm(*[t.clone() for t in static])
     torch.cuda.synchronize()
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")  # must not trigger a search during capture
-    tuner = build_tuner(REGISTRY.plugin(op))
+    tuner = new_tuner(op)
     graph = torch.cuda.CUDAGraph()
     with pytest.warns(FlyregWarning, match="being captured"):
         with torch.cuda.graph(graph):
@@ -273,7 +260,7 @@ def test_gpu_unresolved_key_in_capture_serves_default_and_replays(
 @pytest.mark.parametrize("op", ["rmsnorm", "fused_add_rmsnorm"])
 def test_gpu_resolved_key_in_capture_launches_and_replays(monkeypatch: pytest.MonkeyPatch, op: str) -> None:
     static = _static_inputs(op, 256, 4096, torch.bfloat16)
-    tuner = build_tuner(REGISTRY.plugin(op))
+    tuner = new_tuner(op)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up before capture: resolves the key and loads the kernel
@@ -300,12 +287,12 @@ def test_gpu_capturing_sees_the_capture_and_a_miss_without_default_raises() -> N
     tuner = double_op("cap_gpu_nodefault", probe, default=None)
     x = torch.randn(64, 8, device="cuda")
     out = torch.empty_like(x)
-    assert capturing(x.device) is False
+    assert torch.cuda.is_current_stream_capturing() is False
     seen: list[bool] = []
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(GraphCaptureError, match="cap_gpu_nodefault"):
         with torch.cuda.graph(graph):
-            seen.append(capturing(x.device))
+            seen.append(torch.cuda.is_current_stream_capturing())
             tuner(x, out)
-    assert seen == [True] and capturing(x.device) is False
+    assert seen == [True] and torch.cuda.is_current_stream_capturing() is False
     assert tuner.stats.searches == 0 and probe.launches == []

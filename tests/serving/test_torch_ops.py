@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from flyreg._plugins.registry import REGISTRY
+import flyreg
+from installed import plugin as installed_plugin
 
 TORCH_OPS_NEEDED = pytest.mark.skipif(not hasattr(torch.library, "register_fake"), reason="needs torch >= 2.4")
 pytestmark = TORCH_OPS_NEEDED
@@ -83,13 +84,13 @@ def test_eager_custom_ops_match_reference_and_the_tuner(ops: dict, dtype: torch.
     x = torch.randn(37, 96, dtype=dtype)
     w = torch.rand(96, dtype=dtype) + 0.5
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    ref = REGISTRY.plugin("rmsnorm").reference((x, w), {"eps": 1e-5})
+    ref = installed_plugin("rmsnorm").reference((x, w), {"eps": 1e-5})
     y = torch.ops.flyreg.rmsnorm(x, w, 1e-5)
     assert rel_err(y, ref) < tol
-    assert torch.equal(y, REGISTRY.tuner("rmsnorm")(x, w, eps=1e-5))  # the same tuner serves both
+    assert torch.equal(y, flyreg.op("rmsnorm")(x, w, eps=1e-5))  # the same tuner serves both
     residual = torch.randn(37, 96, dtype=dtype)
     clean = residual.clone()
-    ref = REGISTRY.plugin("fused_add_rmsnorm").reference((x, clean.clone(), w), {})
+    ref = installed_plugin("fused_add_rmsnorm").reference((x, clean.clone(), w), {})
     y = torch.ops.flyreg.fused_add_rmsnorm(x, residual, w)  # eps defaults to 1e-6
     assert rel_err(y, ref) < tol
     assert torch.equal(residual, (clean.float() + x.float()).to(dtype))

@@ -13,18 +13,17 @@ import attrs
 import torch
 
 import flyreg
-from flyreg import Config
-from flyreg._runtime.builder import BuildCache
+from flyreg import BuildCache, Config
 
 #: Small counts keep every search in the suite fast.
 FAST = {"warmup": 1, "rep": 3}
+#: How many times the work of the first round a search's final round times (docs/autotune_guide.md).
+FINAL_SCALE = 8
 
 
 def launches_per_search(tuner: Any) -> int:
     """Launches the searches of ``tuner`` made (with FAST counts): every candidate's reps, then the
     final round's longer ones."""
-    from flyreg._search.engine import FINAL_SCALE
-
     warmup, rep = FAST["warmup"], FAST["rep"]
     return tuner.stats.benchmarks * (warmup + rep) + tuner.stats.retimed * (warmup + rep * FINAL_SCALE)
 

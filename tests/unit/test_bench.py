@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from flyreg._core.device_facts import flush_bytes
 from flyreg import BenchResult, do_bench
-from flyreg._search import bench as bench_mod
 
 from cpu_kernels import chunked_double
 
@@ -69,7 +67,7 @@ def test_runs_warmup_plus_rep_times_and_times_only_the_reps(monkeypatch: pytest.
         ticks.append(1)
         return float(next(clock))
 
-    monkeypatch.setattr(bench_mod.time, "perf_counter", fake_counter)
+    monkeypatch.setattr(time, "perf_counter", fake_counter)
     r = do_bench(lambda: calls.append(1), warmup=3, rep=4)
     assert len(calls) == 7
     assert len(ticks) == 2 * 4  # one start and one end per timed rep, none for warmup
@@ -116,18 +114,27 @@ def test_cuda_device_without_cuda_is_a_clear_error(device: Any) -> None:
     assert ran == []
 
 
-def test_l2_flush_buffer_is_taken_once_per_timing_and_not_kept() -> None:
-    """The CUDA timing loop, run on a fake torch: one flush buffer per do_bench, zeroed before each
-    timed rep, and dropped (back to the allocator) when the timing returns."""
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes a CUDA device where there is none")
+def test_l2_flush_buffer_is_taken_once_per_timing_and_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``do_bench`` on a CUDA device faked in torch: one flush buffer per timing (its size:
+    ``test_device_facts.py``), zeroed before each timed rep, and dropped (back to the allocator) when the timing
+    returns."""
+    import contextlib
+
     made: list[weakref.ref[Any]] = []
+    sizes: list[int] = []
     zeroed: list[int] = []
+    real_empty = torch.empty
 
     class Buffer:
         def zero_(self) -> None:
             zeroed.append(1)
 
-    def empty(nbytes: int, dtype: Any, device: Any) -> Buffer:
-        assert nbytes == flush_bytes("cuda:0")
+    def empty(*size: Any, dtype: Any = None, device: Any = None, **kw: Any) -> Any:
+        if device is None or torch.device(device).type != "cuda":
+            return real_empty(*size, dtype=dtype, device=device, **kw)
+        assert dtype is torch.int8
+        sizes.append(int(size[0]))
         buf = Buffer()
         made.append(weakref.ref(buf))
         return buf
@@ -142,10 +149,18 @@ def test_l2_flush_buffer_is_taken_once_per_timing_and_not_kept() -> None:
         def elapsed_time(self, end: Any) -> float:
             return 1.0
 
-    fake = types.SimpleNamespace(int8="int8", empty=empty,
-                                 cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    h200 = types.SimpleNamespace(L2_cache_size=60 << 20, multi_processor_count=132, name="NVIDIA H200", major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: h200)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch, "empty", empty)
     for _ in range(2):
-        r = bench_mod._bench_cuda(fake, "cuda:0", lambda: None, 2, 5, None, True)
+        r = do_bench(lambda: None, 2, 5, device="cuda:0")
         assert r.reps == 5
+    assert len(sizes) == 2 and all(n > 0 for n in sizes)
     assert len(made) == 2 and all(ref() is None for ref in made)
     assert len(zeroed) == 2 * 5  # timed reps only

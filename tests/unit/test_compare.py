@@ -1,11 +1,50 @@
-"""The correctness gate's comparison: per-dtype tolerances, shapes, NaNs, nested outputs."""
+"""The correctness gate's comparison: per-dtype tolerances, shapes, NaNs, nested outputs.
+
+Each case is one candidate of an op whose launch returns a prepared output and whose reference
+returns a prepared result; ``Autotuner.time_config`` runs the gate on it as a search does.
+"""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from flyreg._search.gate import TOLERANCES, mismatch
+import flyreg
+from flyreg import BuildCache, Config
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "autotune_guide.md"
+
+
+def documented_tolerances() -> dict[torch.dtype, tuple[float, float]]:
+    """The guide's table of (rtol, atol) by output dtype."""
+    rows = re.findall(r"^\s*\| (\w+) \| ([0-9.e-]+) \| ([0-9.e-]+) \|$", GUIDE.read_text(encoding="utf-8"), re.M)
+    return {getattr(torch, name): (float(rtol), float(atol)) for name, rtol, atol in rows}
+
+
+TOLERANCES = documented_tolerances()
+
+
+def mismatch(out: Any, ref: Any) -> str | None:
+    """Why the gate rejects a candidate whose output is ``out`` when the reference gives ``ref``, or None."""
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        return lambda x: out
+
+    tuner = flyreg.autotune_builder("gate_probe", build, lambda x: {"n": 1}, [Config({"ONLY": 1})],
+                                    reference=lambda args, kwargs: ref, build_cache=BuildCache(), warmup=0, rep=1)
+    try:
+        tuner.time_config(Config({"ONLY": 1}), torch.zeros(1))
+    except flyreg.TuneError as e:
+        ((_, why),) = e.rejected
+        return why
+    return None
+
+
+def test_the_guide_documents_every_float_dtype_searched_most() -> None:
+    assert set(TOLERANCES) == {torch.bfloat16, torch.float16, torch.float32, torch.float64}
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCES))
@@ -45,4 +84,4 @@ def test_nested_outputs_name_the_element() -> None:
     assert "output['y']" in (mismatch({"y": b, "n": 3}, {"y": a, "n": 3}) or "")
     assert "keys" in (mismatch({"y": a}, {"y": a, "n": 3}) or "")
     assert mismatch(3, 3) is None and "expected 4" in (mismatch(3, 4) or "")
-    assert "tensor" in (mismatch(torch.ones(3), None) or "")
+    assert "a tensor, expected NoneType" in (mismatch((torch.ones(3),), (None,)) or "")

@@ -4,11 +4,12 @@ marked ``# on a GPU:`` on a GPU)."""
 
 from __future__ import annotations
 
-import importlib.metadata
+import json
 import re
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,10 +20,10 @@ else:  # pragma: no cover - Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 import flyreg
-from flyreg._plugins import registry
-from flyreg._runtime.builder import BUILD_CACHE
-from flyreg._core.keys import identity_of
-from flyreg._artifacts.store import artifact_filename
+
+from fresh_process import fake_distribution
+from installed import new_tuner, plugin as installed_plugin
+from on_disk import artifact_name, this_device
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugin_authoring.md"
 README = DOC.parents[1] / "README.md"
@@ -40,20 +41,13 @@ def blocks(lang: str) -> list[str]:
     return [code for tag, code in FENCE.findall(page) if tag == lang]
 
 
-@pytest.fixture
-def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
-    """A registry that discovers exactly the entry point the page's TOML block declares."""
+def page_project() -> dict[str, Any]:
+    """The page's whole pyproject.toml."""
     (toml,) = blocks("toml")
-    project = tomllib.loads(toml)  # the page's whole pyproject.toml
+    project = tomllib.loads(toml)
     assert project["build-system"]["build-backend"] and project["project"]["name"]
     assert project["tool"]["setuptools"]["packages"] == ["my_kernels"]
-    found = [importlib.metadata.EntryPoint(name, value, registry.GROUP)
-             for name, value in project["project"]["entry-points"][registry.GROUP].items()]
-    assert [ep.value for ep in found] == ["my_kernels.scale_rows"]
-    reg = registry.Registry(entry_points=lambda: found)
-    monkeypatch.setattr(registry, "REGISTRY", reg)
-    BUILD_CACHE.clear()
-    return reg
+    return project
 
 
 @pytest.fixture
@@ -82,53 +76,68 @@ def test_fragments_compile() -> None:
         compile(code, f"{DOC}:fragment{i}", "exec")
 
 
-def test_every_python_block_runs(example_module: types.ModuleType, fresh_registry: registry.Registry,
-                                 isolated_dirs: dict[str, Path]) -> None:
-    namespace: dict[str, object] = {"__name__": "plugin_authoring_doc"}
-    for i, code in enumerate(blocks("python")[1:], 1):
-        exec(compile(code, f"{DOC}:block{i}", "exec"), namespace)
+#: Run in a fresh process that has the page's distribution installed: every python block of the page after
+#: the plugin itself, then what they left, as JSON.
+RUN_THE_PAGE = """
+import json, sys
+import flyreg
+from test_docs_example import DOC, blocks
 
-    # The op came from the entry point first, then was re-registered in-process by the last block.
-    infos = {i.name: i for i in flyreg.ops()}
-    assert infos["scale_rows"].status == "ok"
-    assert infos["scale_rows"].distribution == "<in-process>"
-    assert infos["scale_rows"].structural == ("ROWS",)
+namespace = {"__name__": "plugin_authoring_doc"}
+discovered = {i.name: [i.status, i.distribution] for i in flyreg.ops() if i.name == "scale_rows"}
+for i, code in enumerate(blocks("python")[1:], 1):
+    exec(compile(code, f"{DOC}:block{i}", "exec"), namespace)
+info = {i.name: i for i in flyreg.ops()}["scale_rows"]
+report, x = namespace["report"], namespace["x"]
+print(json.dumps({"discovered": discovered, "after": [info.status, info.distribution, list(info.structural)],
+                  "spec": report.spec, "artifact": report.artifact, "x": list(x.shape)}))
+"""
+
+
+def test_every_python_block_runs(fresh_process: Any, isolated_dirs: dict[str, Path], tmp_path: Path) -> None:
+    project = page_project()
+    entry_points = project["project"]["entry-points"]["flyreg.ops"]
+    assert entry_points == {"scale_rows": "my_kernels.scale_rows"}
+    site = fake_distribution(tmp_path / "site", project["project"]["name"],
+                             "[flyreg.ops]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()),
+                             {"my_kernels/__init__.py": "", "my_kernels/scale_rows.py": blocks("python")[0]})
+    got = fresh_process.run(RUN_THE_PAGE, sites={project["project"]["name"]: site}, path=[Path(__file__).parent],
+                            dirs=isolated_dirs).one()
+
+    # The op came from the page's entry point first, then was re-registered in-process by the last block.
+    assert got["discovered"] == {"scale_rows": ["ok", project["project"]["name"]]}
+    assert got["after"] == ["ok", "<in-process>", ["ROWS"]]
 
     # The tune block wrote its artifact where the page says, under the name it says.
-    report = namespace["report"]
-    x = namespace["x"]
     spec = {"M": 512, "N": 512, "dtype": "float32"}
-    assert report.spec == spec  # type: ignore[attr-defined]
-    expected = isolated_dirs["configs"] / artifact_filename("scale_rows", spec, identity_of(None).name)
-    assert report.artifact == str(expected) and expected.is_file()  # type: ignore[attr-defined]
-    assert x.shape == (300, 512)  # type: ignore[attr-defined]
+    assert got["spec"] == spec
+    expected = isolated_dirs["configs"] / artifact_name("scale_rows", spec, this_device().name)
+    assert got["artifact"] == str(expected) and expected.is_file()
+    assert got["x"] == [300, 512]
 
 
 def test_example_registered_in_process_is_tuned_and_served_offline(
-        example_module: types.ModuleType, fresh_registry: registry.Registry, isolated_dirs: dict[str, Path],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    plugin = registry.REGISTRY.plugin("scale_rows")  # discovered from the page's entry point
-    assert plugin.obj is example_module
-    flyreg.unregister("scale_rows")
+        example_module: types.ModuleType, isolated_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     flyreg.register(example_module, name="scale_rows")
+    try:
+        # The optional hooks give a tuning tool everything it needs without a real call.
+        (spec, *_) = example_module.workloads("cpu")
+        args, kwargs = example_module.make_inputs(spec, "cpu")
+        assert flyreg.op("scale_rows").specialize(*args, **kwargs) == spec
+        monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
+        res = flyreg.resolve("scale_rows", *args, **kwargs)
+        assert res.source == "search" and res.path is not None
+        torch.testing.assert_close(flyreg.op("scale_rows")(*args, **kwargs), args[0] * args[1][:, None])
 
-    # The optional hooks give a tuning tool everything it needs without a real call.
-    plugin = registry.REGISTRY.plugin("scale_rows")
-    (spec, *_) = plugin.workloads("cpu")
-    args, kwargs = plugin.make_inputs(spec, "cpu")
-    assert flyreg.op("scale_rows").specialize(*args, **kwargs) == spec
-    monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
-    res = flyreg.resolve("scale_rows", *args, **kwargs)
-    assert res.source == "search" and res.path is not None
-    torch.testing.assert_close(flyreg.op("scale_rows")(*args, **kwargs), args[0] * args[1][:, None])
-
-    # A fresh registry and scratch cache: the artifact alone serves the spec.
-    monkeypatch.delenv("FLYREG_AUTOTUNE")
-    monkeypatch.setenv("FLYREG_CACHE_DIR", str(isolated_dirs["cache"] / "fresh"))
-    monkeypatch.setattr(registry, "REGISTRY", registry.Registry(entry_points=lambda: []))
-    flyreg.register(example_module, name="scale_rows")
-    again = flyreg.resolve_spec("scale_rows", spec)
-    assert (again.source, again.config, again.path) == ("offline", res.config, res.path)
+        # A new tuner and scratch cache: the artifact alone serves the spec.
+        monkeypatch.delenv("FLYREG_AUTOTUNE")
+        monkeypatch.setenv("FLYREG_CACHE_DIR", str(isolated_dirs["cache"] / "fresh"))
+        flyreg.unregister("scale_rows")
+        flyreg.register(example_module, name="scale_rows")
+        again = flyreg.resolve_spec("scale_rows", spec)
+        assert (again.source, again.config, again.path) == ("offline", res.config, res.path)
+    finally:
+        flyreg.unregister("scale_rows")
 
 
 # -- the README's "Using an op" ------------------------------------------------------------------------------
@@ -156,11 +165,10 @@ def gpu_version(code: str) -> str:
 
 
 @pytest.fixture
-def installed_registry(monkeypatch: pytest.MonkeyPatch) -> registry.Registry:
-    """A registry of its own (the installed entry points), so the example's tuner state goes with the test."""
-    reg = registry.Registry()
-    monkeypatch.setattr(registry, "REGISTRY", reg)
-    return reg
+def installed_registry() -> None:
+    """New tuners of the installed RMSNorm ops: no state of an earlier test serves the example."""
+    new_tuner("rmsnorm")
+    new_tuner("fused_add_rmsnorm")
 
 
 def rms_norm(x: object, w: object) -> torch.Tensor:
@@ -169,7 +177,7 @@ def rms_norm(x: object, w: object) -> torch.Tensor:
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
 
 
-def test_readme_example_runs_on_the_cpu_as_written(installed_registry: registry.Registry,
+def test_readme_example_runs_on_the_cpu_as_written(installed_registry: None,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     code = readme_example()
     assert all("cuda" not in line.partition("#")[0] for line in code.splitlines())  # GPU parts are comments
@@ -180,7 +188,7 @@ def test_readme_example_runs_on_the_cpu_as_written(installed_registry: registry.
     torch.testing.assert_close(y.float(), rms_norm(x, w), atol=2e-2, rtol=2e-2)
     by_call, by_spec = capsys.readouterr().out.splitlines()
     spec = {"M": 256, "N": 4096, "backend": "cpu", "dtype": "bfloat16"}
-    default = installed_registry.plugin("rmsnorm").default(spec)  # nothing is tuned for this CPU here
+    default = installed_plugin("rmsnorm").default(spec)  # nothing is tuned for this CPU here
     for printed in (by_call, by_spec):
         assert printed.startswith(f"Resolution(config={default!r}, ") and "origin='default'" in printed
         assert f"spec={spec!r}" in printed
@@ -195,7 +203,7 @@ def test_readme_example_gpu_version_is_the_cpu_one_on_cuda() -> None:
 
 
 @pytest.mark.gpu
-def test_readme_example_runs_on_a_gpu(installed_registry: registry.Registry, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_example_runs_on_a_gpu(installed_registry: None, capsys: pytest.CaptureFixture[str]) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     namespace: dict[str, object] = {"__name__": "readme_example"}

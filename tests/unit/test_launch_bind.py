@@ -88,14 +88,46 @@ def test_search_binds_every_candidate_before_timing_any_on_a_thread_pool(monkeyp
     assert len(threads) == 6 and all(t.startswith("flyreg-bind-bind_pool") for t in threads[1:])
 
 
+def pool_threads_of_a_search(name: str, candidates: int) -> set[str]:
+    """The pool threads that bound the candidates of one search of ``candidates`` configs (binds sleep, so
+    the pool starts every thread it may)."""
+    import threading
+    import time
+
+    threads: list[str] = []
+
+    def build(config: Config, spec: dict[str, Any]) -> Any:
+        def launch(x: torch.Tensor) -> torch.Tensor:
+            return x * config.kwargs["S"]
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            threads.append(threading.current_thread().name)
+            time.sleep(0.05)
+            return launch
+
+        launch.bind = bind  # type: ignore[attr-defined]
+        return launch
+
+    configs = [Config({"S": s}) for s in range(1, candidates + 1)]
+    op = flyreg.autotune_builder(name, build, lambda x: {"n": x.shape[-1]}, configs, warmup=0, rep=1,
+                                 build_cache=BuildCache())
+    op.tune(torch.randn(8))
+    return {t for t in threads if t.startswith(f"flyreg-bind-{name}")}
+
+
 @pytest.mark.parametrize("raw", ["0", "-2", "many"])
 def test_a_bad_compile_thread_count_warns_and_the_default_binds(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    from flyreg._core.settings import default_compile_threads
-    from flyreg._search.engine import compile_threads
+    import os
 
     monkeypatch.setenv("FLYREG_COMPILE_THREADS", raw)
     with pytest.warns(flyreg.FlyregWarning, match=f"FLYREG_COMPILE_THREADS={raw!r}: expected an int >= 1"):
-        assert compile_threads() == default_compile_threads()
+        pool = pool_threads_of_a_search(f"bad_threads_{raw}", 20)
+    assert len(pool) == min(16, os.cpu_count() or 1)  # the documented default: the CPU count, at most 16
+
+
+def test_a_good_compile_thread_count_sizes_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYREG_COMPILE_THREADS", "3")
+    assert len(pool_threads_of_a_search("three_threads", 20)) == 3
 
 
 def test_bind_must_return_a_callable() -> None:

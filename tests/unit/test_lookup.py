@@ -5,7 +5,10 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import os
+import sqlite3
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +16,14 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, FlyregWarning
-from flyreg._artifacts import cache
-from flyreg._artifacts import store as offline
-from flyreg._runtime.builder import BuildCache
-from flyreg._core.keys import DeviceIdentity, identity_of
-from flyreg._artifacts.store import emit_artifact, load_artifact
+from flyreg import BuildCache, Config, DeviceIdentity, FlyregWarning, check_artifacts
 
+import on_disk
 from cpu_kernels import FAST, double_op, inputs, launches_per_search
+from on_disk import SCRATCH_CACHE, cache_dir, cache_entries, emit, read_json, rewrite_cache_entries, this_device
+
+#: Most call signatures a tuner keeps bound launchers for (docs/autotune_guide.md).
+MAX_BOUND = 4096
 
 DEFAULT = Config({"CHUNK": 1})
 
@@ -34,7 +37,7 @@ def test_default_skips_the_search() -> None:
     assert torch.equal(tuner(x, out), x * 2)
     assert tuner.stats.searches == 0 and tuner.stats.benchmarks == 0
     assert rec.launches == [(1, {"num_warps": None})]
-    assert cache.load("by_default") == {}  # a default is not a tuning result
+    assert cache_entries("by_default") == {}  # a default is not a tuning result
 
 
 def test_no_default_searches() -> None:
@@ -59,9 +62,7 @@ def test_lookup_order(isolated_dirs: dict[str, Path]) -> None:
     assert (tuner.resolve(x, out).source, tuner.resolve(x, out).config) == ("default", DEFAULT)
 
     offline_cfg = Config({"CHUNK": 16})
-    path = emit_artifact(name, spec, identity_of(None), offline_cfg, "0", None, None)
-    assert path.parent == isolated_dirs["configs"]
-    offline._index.clear()
+    path = emit(isolated_dirs["configs"], name, spec, offline_cfg)
     tuner, _ = double_op(name, default=DEFAULT)
     res = tuner.resolve(x, out)
     assert (res.source, res.config, res.path) == ("offline", offline_cfg, str(path))
@@ -71,11 +72,10 @@ def test_lookup_order(isolated_dirs: dict[str, Path]) -> None:
     narrow.tune(x, out, emit=False)
     tuner, _ = double_op(name, default=DEFAULT)
     res = tuner.resolve(x, out)
-    assert (res.source, res.config, res.path) == ("cache", cached_cfg, str(cache.database()))
+    assert (res.source, res.config, res.path) == ("cache", cached_cfg, str(cache_dir() / SCRATCH_CACHE))
 
-    cache.clear(name)
+    (cache_dir() / SCRATCH_CACHE).unlink()
     path.unlink()
-    offline._index.clear()
     res = tuner.resolve(x, out)
     assert (res.source, res.origin, res.config) == ("memory", "cache", cached_cfg)
     assert tuner.stats.searches == 0
@@ -92,11 +92,11 @@ def test_forced_autotune_searches_and_rewrites(monkeypatch: pytest.MonkeyPatch,
     (report,) = tuner.reports.values()
     artifacts = list(isolated_dirs["configs"].glob(f"{name},*.json"))
     assert [str(p) for p in artifacts] == [report.artifact]
-    assert load_artifact(artifacts[0]).config == report.winner
+    assert Config.from_json(read_json(artifacts[0])["config"]) == report.winner
 
     # Plant a stale result in both places; a forced search in a fresh tuner must overwrite them.
-    ((key, stored),) = cache.load(name).items()
-    cache.store(name, key, {**stored, "time_ms": -1.0, "config": Config({"CHUNK": 999}).to_json()})
+    rewrite_cache_entries(name, lambda old: json.dumps({**json.loads(old), "time_ms": -1.0,
+                                                         "config": Config({"CHUNK": 999}).to_json()}))
     art = json.loads(artifacts[0].read_text())
     art["config"] = Config({"CHUNK": 999}).to_json()
     artifacts[0].write_text(json.dumps(art))
@@ -104,12 +104,11 @@ def test_forced_autotune_searches_and_rewrites(monkeypatch: pytest.MonkeyPatch,
     fresh, _ = double_op(name, default=DEFAULT)
     assert fresh.resolve(x, out).source == "search"
     (report,) = fresh.reports.values()
-    entry = cache.load(name)[key]
+    (entry,) = cache_entries(name).values()
     assert entry["time_ms"] == report.winner_ms and Config.from_json(entry["config"]) == report.winner
-    assert load_artifact(artifacts[0]).config == report.winner
+    assert Config.from_json(read_json(artifacts[0])["config"]) == report.winner
 
     monkeypatch.delenv("FLYREG_AUTOTUNE")
-    offline._index.clear()
     later, _ = double_op(name, default=DEFAULT)
     assert later.resolve(x, out).source == "cache"
     assert later.stats.searches == 0
@@ -122,13 +121,13 @@ def test_forced_autotune_values(monkeypatch: pytest.MonkeyPatch, value: str, for
     assert tuner.resolve(*inputs()).source == ("search" if forced else "default")
 
 
-def test_emit_option_writes_an_artifact(isolated_dirs: dict[str, Path]) -> None:
+def test_emit_option_writes_an_artifact(isolated_dirs: dict[str, Path], flyreg_cli: Callable[..., Any]) -> None:
     tuner, _ = double_op("emitting", emit=True)
     tuner(*inputs())
     (report,) = tuner.reports.values()
     assert report.artifact is not None and Path(report.artifact).parent == isolated_dirs["configs"]
     fresh, _ = double_op("emitting")
-    cache.clear("emitting")
+    assert flyreg_cli("cache", "clear", "emitting").out.startswith("removed 1 cache entry")
     assert fresh.resolve(*inputs()).source == "offline"
 
 
@@ -156,17 +155,21 @@ def test_resolve_after_tune_serves_the_new_winner() -> None:
 # -- the steady state ---------------------------------------------------------------------------
 
 
-def _no_io(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_io(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """From now on any file opened, any directory listed, any database connected to fails the test; the cache
+    and config dirs point at new ones, so a cache read or an artifact lookup would have to connect or list."""
     def forbidden(*a: Any, **kw: Any) -> Any:
         raise AssertionError("file I/O on the steady-state path")
 
-    for module, attr in ((cache, "load"), (cache, "store"), (offline, "index"), (offline, "load_artifact"),
-                         (builtins, "open"), (io, "open")):
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "other_cache"))
+    monkeypatch.setenv("FLYREG_CONFIG_DIR", str(tmp_path / "other_configs"))
+    for module, attr in ((builtins, "open"), (io, "open"), (os, "listdir"), (os, "scandir"), (sqlite3, "connect")):
         monkeypatch.setattr(module, attr, forbidden)
 
 
 @pytest.mark.parametrize("with_default", [False, True])
-def test_steady_state_calls_no_hooks_and_no_io(monkeypatch: pytest.MonkeyPatch, with_default: bool) -> None:
+def test_steady_state_calls_no_hooks_and_no_io(monkeypatch: pytest.MonkeyPatch, with_default: bool,
+                                               tmp_path: Path) -> None:
     tuner, rec = double_op("steady", default=Config({"CHUNK": 64}) if with_default else None, configs_fn=True)
     x, out = inputs()
     for _ in range(3):
@@ -175,11 +178,11 @@ def test_steady_state_calls_no_hooks_and_no_io(monkeypatch: pytest.MonkeyPatch, 
     counts = (rec.specialize, rec.configs, rec.default, len(rec.builds))
     assert rec.specialize >= 1 and (rec.default >= 1) == with_default and (rec.configs >= 1) != with_default
     launched = len(rec.launches)
-    _no_io(monkeypatch)
-    for i in range(100):
-        out.zero_()
-        assert tuner(x, out) is out if i % 2 else tuner(x=x, out=out) is out
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as no_io:
+        _no_io(no_io, tmp_path)
+        for i in range(100):
+            out.zero_()
+            assert tuner(x, out) is out if i % 2 else tuner(x=x, out=out) is out
     assert (rec.specialize, rec.configs, rec.default, len(rec.builds)) == counts
     assert len(rec.launches) == launched + 100
     assert torch.equal(out, x * 2)
@@ -246,17 +249,14 @@ def test_equal_scalars_of_other_types_are_other_keys(flags: tuple[Any, ...]) -> 
     assert [s["flag"] for s in built_for[::3]] == list(flags) and tuner.bound_count() == 6
 
 
-def test_ever_new_scalars_keep_the_bound_table_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyreg._runtime import tuner as tuner_mod
-
-    monkeypatch.setattr(tuner_mod, "MAX_BOUND", 8)
+def test_ever_new_scalars_keep_the_bound_table_bounded() -> None:
     tuner, built_for = _list_op("bounded")
     x = torch.randn(16, 8)
-    for i in range(30):  # a new scalar value on every call: a new key each time
-        out = torch.empty_like(x)
-        assert torch.equal(tuner(x, out, float(i)), x * 2)
-        assert tuner.bound_count() <= 8
-    assert tuner.bound_count() == 8
+    out = torch.empty_like(x)
+    for i in range(MAX_BOUND + 20):  # a new scalar value on every call: a new key each time
+        tuner(x, out, float(i))
+        assert tuner.bound_count() <= MAX_BOUND
+    assert torch.equal(out, x * 2) and tuner.bound_count() == MAX_BOUND
     assert not tuner.is_bound(x, torch.empty_like(x), 0.0)  # the oldest went first
     assert torch.equal(tuner(x, torch.empty_like(x), 0.0), x * 2)  # and is bound again when called again
     assert tuner.stats.searches == 0
@@ -291,21 +291,21 @@ def test_emit_searches_and_writes_whatever_else_would_serve(planted: str, isolat
     name = f"emit_{planted.replace(' ', '_')}"
     x, out = inputs()
     spec = {"n": int(x.shape[0])}
-    cpu = identity_of(None)
+    cpu = this_device()
+    configs = isolated_dirs["configs"]
     planted_cfg = Config({"CHUNK": 16})
     options: dict[str, Any] = {"ordered_axes": ["n"]}
     if planted == "scratch cache":
         double_op(name, [planted_cfg])[0].tune(x, out, emit=False)
     elif planted == "sibling product":
-        emit_artifact(name, spec, DeviceIdentity("Other_CPU", cpu.arch), planted_cfg, "0", None, None)
+        on_disk.write_artifact(configs, name, spec, planted_cfg, device=DeviceIdentity("Other_CPU", cpu.arch))
     elif planted == "stale artifact":
-        emit_artifact(name, spec, cpu, planted_cfg, "0", None, None)
+        emit(configs, name, spec, planted_cfg)
         options["version"] = "1"  # the artifact is from op version 0
     elif planted == "nearest spec":
-        emit_artifact(name, {"n": 128}, cpu, planted_cfg, "0", None, None)
+        emit(configs, name, {"n": 128}, planted_cfg)
     else:
         options["default"] = DEFAULT
-    offline._index.clear()
     plain, _ = double_op(name, **options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FlyregWarning)  # serving a sibling's or a stale artifact warns
@@ -315,9 +315,11 @@ def test_emit_searches_and_writes_whatever_else_would_serve(planted: str, isolat
     res = tuner.resolve(x, out)
     assert res.source == "search" and tuner.stats.searches == 1
     (report,) = tuner.reports.values()
-    art = load_artifact(Path(report.artifact))
-    assert (art.spec, art.device, art.config) == (spec, cpu, report.winner)
-    assert not art.stale(options.get("version", "0"))
+    art = read_json(str(report.artifact))
+    assert (art["spec"], art["device"], Config.from_json(art["config"])) == \
+        (spec, {"name": cpu.name, "arch": cpu.arch}, report.winner)
+    problems = check_artifacts([Path(str(report.artifact)).parent], {name: options.get("version", "0")})
+    assert str(report.artifact) not in {str(p.path) for p in problems}  # current
 
     again, _ = double_op(name, emit=True, **options)  # now the key has its own artifact: a hit
     assert again.resolve(x, out).source == "offline" and again.stats.searches == 0
@@ -339,7 +341,7 @@ def test_emit_failure_on_a_call_warns_once_and_serves_from_memory(monkeypatch: p
     assert tuner.stats.searches == 1 and tuner.resolve(x, out).source == "memory"
     (report,) = tuner.reports.values()
     assert report.artifact is None
-    assert len(cache.load("emit_broken")) == 1  # the scratch cache still has it
+    assert len(cache_entries("emit_broken")) == 1  # the scratch cache still has it
 
     with pytest.raises(OSError, match=r"emit_broken: could not write the artifact.*configs_file"):
         tuner.tune(x, out)

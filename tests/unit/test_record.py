@@ -8,8 +8,9 @@ values) and ``place`` (filled from the device). Its ``specialize`` returns the r
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,10 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config, hookimpl
-from flyreg._artifacts.store import emit_artifact
-from flyreg._artifacts.validate import check_artifacts
-from flyreg._core.keys import identity_of
-from flyreg._plugins import registry
-from flyreg._plugins.manager import HookError, OpPlugin, PluginError
-from flyreg._plugins.record import check_spec, spec_rows
-from flyreg._plugins.registry import Registry
-from flyreg.plugin import Axis, OpRecord, RecordError, SpecError
+from flyreg import Config, check_artifacts, hookimpl
+from flyreg.plugin import Axis, HookError, OpRecord, PluginError, RecordError, SpecError
+
+from on_disk import write_artifact
 
 AXES = (
     Axis("M", int, ordered=True, buckets=(1, 16, 256)),
@@ -75,11 +71,21 @@ class Doubling:
 
 
 @pytest.fixture
-def reg(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
-    """A fresh process-wide registry with nothing installed in it."""
-    fresh = Registry(entry_points=lambda: [])
-    monkeypatch.setattr(registry, "REGISTRY", fresh)
-    yield fresh
+def reg() -> Iterator[Callable[..., None]]:
+    """``register(plugin, name)``: registered in this process until the test ends."""
+    names: list[str] = []
+
+    def register(plugin: object, name: str) -> None:
+        flyreg.register(plugin, name=name)
+        names.append(name)
+
+    yield register
+    for name in names:
+        flyreg.unregister(name)
+
+
+def ours(*names: str) -> list[str]:
+    return [i.name for i in flyreg.ops() if i.name in names]
 
 
 # -- the record is checked when it is made --------------------------------------------------------------
@@ -135,7 +141,7 @@ def test_a_legacy_describe_dict_becomes_the_same_record(tmp_path: Path) -> None:
         OpRecord.of([])
 
 
-def test_a_bad_record_or_a_failing_describe_makes_the_op_broken(reg: Registry) -> None:
+def test_a_bad_record_or_a_failing_describe_makes_the_op_broken() -> None:
     with pytest.raises(PluginError, match=r"^op 'bad': describe\(\): timing must be one of"):
         flyreg.register(Doubling(record={"timing": "fastest"}), name="bad")
 
@@ -146,85 +152,125 @@ def test_a_bad_record_or_a_failing_describe_makes_the_op_broken(reg: Registry) -
 
     with pytest.raises(PluginError, match=r"^op 'failing': describe\(\): Axis 'place': only an int or float axis"):
         flyreg.register(Failing(), name="failing")
-    assert flyreg.ops() == []
+    assert ours("bad", "failing") == []
 
 
 # -- one check of every spec ----------------------------------------------------------------------------
-def test_every_offending_axis_is_named_in_one_error_with_the_allowed_ones() -> None:
+# Each spec is checked the way it enters flyreg: ``resolve_spec`` (a spec for a device), an artifact's (a stored
+# spec), ``flyreg show`` (a spec that stands for every bucket of an axis it leaves out).
+
+def test_every_offending_axis_is_named_in_one_error_with_the_allowed_ones(reg: Callable[..., None]) -> None:
+    reg(Doubling(), "doubling")
     spec = {"M": "many", "N": 8.5, "dtyp": "float32", "place": "moon"}
     with pytest.raises(SpecError) as caught:
-        check_spec("doubling", RECORD, spec, "cpu")
+        flyreg.resolve_spec("doubling", spec, "cpu")
     assert str(caught.value) == (
         f"doubling: spec {spec} does not fit the op's axes: missing dtype; unknown axis dtyp (did you mean dtype?); "
         f"M: 'many' is not of type int; N: 8.5 is not of type int; place: moon is not one of host|gpu. {ALLOWED}")
 
 
-def test_a_spec_is_typed_bucketed_and_filled_from_the_device() -> None:
+#: A process with a fake CUDA device that prints the spec a resolution of SPEC (JSON) on "cuda" gets from the
+#: op ``doubling`` of this module's record.
+ON_CUDA = """
+import json, sys, types
+import torch
+import flyreg
+from test_record import Doubling
+
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.current_device = lambda: 0
+torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0)
+torch.version.hip = None
+flyreg.register(Doubling(), name="doubling")
+print(json.dumps(flyreg.resolve_spec("doubling", json.loads(sys.argv[1]), "cuda").spec))
+"""
+
+
+def test_a_spec_is_typed_bucketed_and_filled_from_the_device(reg: Callable[..., None], fresh_process: Any) -> None:
+    reg(Doubling(), "doubling")
     spec = {"M": 20.0, "N": 8, "dtype": "bfloat16"}
-    assert check_spec("doubling", RECORD, spec, "cpu") == {"M": 256, "N": 8, "dtype": "bfloat16", "place": "host"}
-    assert check_spec("doubling", RECORD, spec, "cuda")["place"] == "gpu"
-    assert check_spec("doubling", RECORD, {**spec, "M": 10**6, "place": "gpu"}, "cpu")["M"] == 256  # the largest
-    record = OpRecord(axes=[Axis("alpha", float), Axis("flag", bool)])
-    assert check_spec("f", record, {"alpha": 2, "flag": True}, "cpu") == {"alpha": 2.0, "flag": True}
+    assert flyreg.resolve_spec("doubling", spec, "cpu").spec == {"M": 256, "N": 8, "dtype": "bfloat16", "place": "host"}
+    argv = [json.dumps(spec)]
+    on_cuda = fresh_process.run(f"import sys\nsys.argv[1:] = {argv!r}\n" + ON_CUDA, path=[Path(__file__).parent])
+    assert on_cuda.one()["place"] == "gpu"
+    assert flyreg.resolve_spec("doubling", {**spec, "M": 10**6, "place": "gpu"}, "cpu").spec["M"] == 256  # the largest
+    reg(Doubling(OpRecord(axes=[Axis("alpha", float), Axis("flag", bool)])), "f")
+    assert flyreg.resolve_spec("f", {"alpha": 2, "flag": True}, "cpu").spec == {"alpha": 2.0, "flag": True}
     with pytest.raises(SpecError, match=r"flag: 1 is not of type bool"):
-        check_spec("f", record, {"alpha": 2, "flag": 1}, "cpu")
+        flyreg.resolve_spec("f", {"alpha": 2, "flag": 1}, "cpu")
     with pytest.raises(SpecError, match=r"alpha: True is not of type float"):
-        check_spec("f", record, {"alpha": True, "flag": False}, "cpu")
+        flyreg.resolve_spec("f", {"alpha": True, "flag": False}, "cpu")
 
 
-def test_a_stored_spec_must_be_complete_and_normalized() -> None:
+def test_a_stored_spec_must_be_complete_and_normalized(reg: Callable[..., None], isolated_dirs: dict[str, Path]) -> None:
+    reg(Doubling(), "doubling")
+    reg(Doubling(OpRecord(axes=[Axis("alpha", float)])), "f")
+    configs = isolated_dirs["configs"]
     stored = {"M": 16, "N": 8, "dtype": "float32", "place": "host"}
-    assert check_spec("doubling", RECORD, stored) == stored
-    with pytest.raises(SpecError, match=r"missing place; M: 20 is not normalized \(the op makes it 256\)"):
-        check_spec("doubling", RECORD, {"M": 20, "N": 8, "dtype": "float32"})
-    assert check_spec("f", OpRecord(axes=[Axis("alpha", float)]), {"alpha": 2}) == {"alpha": 2.0}  # as JSON keeps it
+    good = write_artifact(configs, "doubling", stored, Config({"ROWS": 1}), op_version="1")
+    bad = write_artifact(configs, "doubling", {"M": 20, "N": 8, "dtype": "float32"}, Config({"ROWS": 1}), op_version="1")
+    as_json_keeps_it = write_artifact(configs, "f", {"alpha": 2}, Config({"ROWS": 1}))
+    problems = flyreg.check_artifacts([configs], {"doubling": "1", "f": "0"}, accepts=flyreg.accepts)
+    assert [(p.path, p.severity) for p in problems] == [(bad, "error")]
+    assert re.search(r"missing place; M: 20 is not normalized \(the op makes it 256\)", problems[0].message)
+    assert flyreg.resolve_spec("doubling", stored).path == str(good)
+    assert flyreg.resolve_spec("f", {"alpha": 2.0}).path == str(as_json_keeps_it)
 
 
-def test_an_op_that_declares_no_axes_gets_its_spec_back_unchecked() -> None:
-    spec = {"dtyp": "float32", "anything": [1]}
-    assert check_spec("legacy", OpRecord(ordered_axes=["M"]), spec, "cpu") == spec
+def test_an_op_that_declares_no_axes_gets_its_spec_back_unchecked(reg: Callable[..., None]) -> None:
+    reg(Doubling(OpRecord(ordered_axes=["M"])), "legacy")
+    spec = {"dtyp": "float32", "anything": 1}
+    assert flyreg.resolve_spec("legacy", spec, "cpu").spec == spec
 
 
-def test_spec_rows_stand_for_every_bucket_of_a_left_out_axis() -> None:
-    assert spec_rows("doubling", RECORD, {"N": 8, "dtype": "float32"}, "cpu") == [
-        {"M": m, "N": 8, "dtype": "float32", "place": "host"} for m in (1, 16, 256)]
-    with pytest.raises(SpecError, match=r"^doubling: spec \{'dtype': 'float32'\} does not fit the op's axes: missing N\."):
-        spec_rows("doubling", RECORD, {"dtype": "float32"}, "cpu")  # N has no finite values to stand for
-    listed = OpRecord(axes=[Axis("M", int, values=(1, 64), buckets=lambda m: 1 if m <= 1 else 64)])
-    assert spec_rows("rows", listed, {}, "cpu") == [{"M": 1}, {"M": 64}]
-    assert check_spec("rows", listed, {"M": 7}, "cpu") == {"M": 64}
+def test_show_stands_for_every_bucket_of_a_left_out_axis(reg: Callable[..., None],
+                                                         flyreg_cli: Callable[..., Any]) -> None:
+    reg(Doubling(), "doubling")
+    rows = flyreg_cli("show", "doubling", "--spec", "N=8,dtype=float32", "--device", "cpu", "--json")
+    assert rows.code == 0, rows.err
+    assert [r["spec"] for r in json.loads(rows.out)] == [{"M": m, "N": 8, "dtype": "float32", "place": "host"}
+                                                          for m in (1, 16, 256)]
+    missing = flyreg_cli("show", "doubling", "--spec", "dtype=float32", "--device", "cpu")  # N: no values to stand for
+    assert missing.code != 0 and "does not fit the op's axes: missing N." in missing.err
+    listed = OpRecord(axes=[Axis("M", int, values=(1, 64), buckets=lambda m: 1 if m <= 1 else 64), Axis("k", str)])
+    reg(Doubling(listed), "rows")
+    rows = flyreg_cli("show", "rows", "--spec", "k=a", "--device", "cpu", "--json")
+    assert [r["spec"] for r in json.loads(rows.out)] == [{"M": 1, "k": "a"}, {"M": 64, "k": "a"}]
+    assert flyreg.resolve_spec("rows", {"M": 7, "k": "a"}, "cpu").spec == {"M": 64, "k": "a"}
 
 
 # -- through the registry: calls, resolve_spec, artifacts ---------------------------------------------------
-def test_a_call_gets_its_spec_bucketed_and_filled(reg: Registry) -> None:
-    flyreg.register(Doubling(), name="doubling")
+def test_a_call_gets_its_spec_bucketed_and_filled(reg: Callable[..., None]) -> None:
+    reg(Doubling(), "doubling")
     x = torch.randn(10, 8)
     out = torch.empty_like(x)
     torch.testing.assert_close(flyreg.op("doubling")(x, out), 2 * x)
     assert flyreg.resolve("doubling", x, out).spec == {"M": 16, "N": 8, "dtype": "float32", "place": "host"}
 
-    flyreg.register(Doubling(extra={"stride": 1}), name="undeclared")
+    reg(Doubling(extra={"stride": 1}), "undeclared")
     with pytest.raises(SpecError, match=r"^undeclared: spec .* unknown axis stride"):
         flyreg.op("undeclared")(x, out)
 
 
-def test_a_mistyped_axis_raises_instead_of_serving_the_default(reg: Registry) -> None:
+def test_a_mistyped_axis_raises_instead_of_serving_the_default(reg: Callable[..., None]) -> None:
     typo = {"M": 16, "N": 8, "dtyp": "float32"}
-    flyreg.register(Doubling(), name="doubling")
+    reg(Doubling(), "doubling")
     with pytest.raises(SpecError, match=r"missing dtype; unknown axis dtyp \(did you mean dtype\?\)") as caught:
         flyreg.resolve_spec("doubling", typo)
     assert ALLOWED in str(caught.value)
     # the same op with a legacy describe() dict declares no axes: the typo is served the default, as before
-    flyreg.register(Doubling(record={"structural": ["ROWS"], "arg_names": ["x", "out"]}), name="legacy")
+    reg(Doubling(record={"structural": ["ROWS"], "arg_names": ["x", "out"]}), "legacy")
     assert flyreg.resolve_spec("legacy", typo).source == "default"
 
 
-def test_an_artifact_whose_spec_does_not_fit_is_never_served(reg: Registry, isolated_dirs: dict[str, Path]) -> None:
-    flyreg.register(Doubling(), name="doubling")
-    here, configs = identity_of(None), isolated_dirs["configs"]
+def test_an_artifact_whose_spec_does_not_fit_is_never_served(reg: Callable[..., None], isolated_dirs: dict[str, Path],
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reg(Doubling(), "doubling")
+    configs = isolated_dirs["configs"]
     want = {"M": 16, "N": 8, "dtype": "float32", "place": "host"}
     for m in (20, 2.5):  # not a bucket; not an int: either would be the nearest M to 16
-        emit_artifact("doubling", {**want, "M": m}, here, Config({"ROWS": 1}), "1", 1.0, 2.0, configs)
+        write_artifact(configs, "doubling", {**want, "M": m}, Config({"ROWS": 1}), op_version="1")
     with pytest.warns(flyreg.FlyregWarning) as warned:
         res = flyreg.resolve_spec("doubling", want)
     assert len(warned) == 2
@@ -232,13 +278,18 @@ def test_an_artifact_whose_spec_does_not_fit_is_never_served(reg: Registry, isol
     assert any(re.search(r"ignoring artifact .*M=2\.5,.*M: 2\.5 is not of type int", str(w.message)) for w in warned)
     assert (res.source, res.config) == ("default", Config({"ROWS": 16}))
 
-    emit_artifact("doubling", {**want, "M": 256}, here, Config({"ROWS": 1}), "1", 1.0, 2.0, configs)
+    again = tmp_path / "again"  # the same files and a good neighbour, in a directory not listed yet
+    again.mkdir()
+    for path in configs.iterdir():
+        path.rename(again / path.name)
+    write_artifact(again, "doubling", {**want, "M": 256}, Config({"ROWS": 1}), op_version="1")
+    monkeypatch.setenv("FLYREG_CONFIG_DIR", str(again))
     flyreg.unregister("doubling")
     flyreg.register(Doubling(), name="doubling")
     res = flyreg.resolve_spec("doubling", want)
     assert (res.source, res.nearest, res.config) == ("offline", True, Config({"ROWS": 1}))
 
-    problems = {p.path.name: p for p in check_artifacts([configs], {"doubling": "1"}, accepts=registry.accepts)}
+    problems = {p.path.name: p for p in check_artifacts([again], {"doubling": "1"}, accepts=flyreg.accepts)}
     bad = [p for p in problems.values() if p.severity == "error"]
     assert len(problems) == len(bad) == 2
     assert any("M: 20 is not normalized (the op makes it 256)" in p.message for p in bad)
@@ -273,8 +324,9 @@ class TwoArgError(ValueError):
     (TypeError("x must be a tensor"), TypeError, r"^raising\.specialize: x must be a tensor$"),
     (TwoArgError("rows", 3), ValueError, r"^raising\.specialize: rows: got 3$"),
 ])
-def test_a_hook_error_names_the_op_and_hook(reg: Registry, error: Exception, kind: type, message: str) -> None:
-    flyreg.register(RaisingSpecialize(error), name="raising")
+def test_a_hook_error_names_the_op_and_hook(reg: Callable[..., None], error: Exception, kind: type,
+                                            message: str) -> None:
+    reg(RaisingSpecialize(error), "raising")
     x = torch.randn(4, 8)
     with pytest.raises(kind, match=message) as caught:
         flyreg.op("raising")(x, torch.empty_like(x))
@@ -282,22 +334,18 @@ def test_a_hook_error_names_the_op_and_hook(reg: Registry, error: Exception, kin
     assert isinstance(caught.value, PluginError) == (kind is HookError)  # bad input is no plugin error
 
 
-def test_a_failing_describe_names_the_op_and_hook(reg: Registry) -> None:
+def test_a_failing_describe_names_the_op_and_hook() -> None:
     class Failing(Doubling):
         @hookimpl
         def describe(self) -> Any:
             raise KeyError("version")
 
-    with pytest.raises(HookError, match=r"^failing\.describe raised KeyError: 'version'$"):
-        OpPlugin("failing", Failing())
     with pytest.raises(PluginError, match=r"^failing\.describe raised KeyError: 'version'$"):
         flyreg.register(Failing(), name="failing")
-    assert flyreg.ops() == []
+    assert ours("failing") == []
 
 
 def test_torch_schema_marks_in_place_arguments_and_needs_an_output_rule() -> None:
-    from flyreg._plugins.record import OpRecord, RecordError
-
     rec = OpRecord(arg_names=["x", "residual", "w"], restore_value=["residual"],
                    torch_schema="(Tensor x, Tensor residual, Tensor w, float eps=1e-06) -> Tensor", output_like="x")
     schema = rec.schema()

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import random
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 import torch
 
 import flyreg
-from flyreg import BenchResult, Config, FlyregWarning, TuneError
-from flyreg._artifacts import cache
-from flyreg._search import candidates, timers
-from flyreg._search import engine as search
-from flyreg._runtime.builder import BuildCache
-from flyreg._search.engine import pick_winner
+from flyreg import BuildCache, Config, FlyregWarning, TuneError
 
 from cpu_kernels import FAST, chunked_accumulate, chunked_double, double_op, inputs, launches_per_search
+from on_disk import cache_entries, journal_times
+
+#: The final round re-times the candidates within this share of the fastest, at most FINALISTS of them,
+#: and the default (docs/autotune_guide.md, "The final round").
+FINAL_BAND, FINALISTS = 0.03, 6
 
 # -- candidates ---------------------------------------------------------------------------------
 
@@ -266,7 +266,9 @@ def test_all_configs_failing_is_a_tune_error() -> None:
         assert f"Config(CHUNK={chunk}): ValueError: cannot build CHUNK={chunk}" in text
     for chunk in (5, 8):
         assert f"Config(CHUNK={chunk}): RuntimeError: out of resources at CHUNK={chunk}" in text
-    assert cache.load("doomed") == {}
+    assert cache_entries("doomed") == {}
+    with pytest.raises(TuneError):  # a new tuner finds nothing stored: it searches (its failures warned once already)
+        _flaky_op("doomed", bad_build={2, 3}, bad_launch={5, 8}).resolve(x, out)
 
 
 def test_wrong_fastest_config_is_rejected() -> None:
@@ -291,8 +293,11 @@ def test_wrong_fastest_config_is_rejected() -> None:
     assert report.winner.kwargs["BUGGY"] is False
     assert all(c.kwargs["BUGGY"] is False for c in benchmarked(report))
     assert tuner.resolve(acc, x, 1.5).config.kwargs["BUGGY"] is False
-    (entry,) = cache.load("gated").values()
+    (entry,) = cache_entries("gated").values()
     assert entry["config"]["kwargs"]["BUGGY"] is False
+    fresh, _ = _accumulate_op("gated", chunks=(1, 32), buggy=32, restore_value=["acc"], reference=reference)
+    served = fresh.resolve(acc, x, 1.5)
+    assert served.source == "cache" and served.config.kwargs["BUGGY"] is False
 
 
 def _delta_op(name: str, reference: Any, **options: Any) -> Any:
@@ -343,145 +348,192 @@ def test_gate_with_a_pure_reference_does_not_judge_in_place_tensors() -> None:
     assert len(report.timings) == 2
 
 
-# -- the tie band -------------------------------------------------------------------------------
+# -- the tie band and the final round ------------------------------------------------------------
+# A search that resumes ranks each config by its latest journaled time (first round, and final round for the
+# finalists), timing none of them: the journal, written as its documented table, fixes every timing.
 
 
-def fixed_timings(monkeypatch: pytest.MonkeyPatch, times: dict[int, float], launches: list[Any],
-                  noise: float = 0.0, seed: int = 0) -> None:
-    """Make ``timers.do_bench`` run the candidate once and report ``times[CHUNK]`` (times ±noise)."""
-    rng = random.Random(seed)
+def tuned_with(make: Callable[[], Any], args: tuple[Any, ...], first: Mapping[Config, float | str],
+               final: Mapping[Config, float | str] | None = None, spread: float = 0.0) -> tuple[Any, flyreg.TuneReport]:
+    """A new tuner from ``make`` and its resumed search of ``args`` with the ``first``-round and ``final``-round
+    timings (default: the first round's) journaled; one real search first gives the journal its context."""
+    primer = make()
+    primer.tune(*args, emit=False)
+    journal_times(primer.name, first, spread=spread)
+    journal_times(primer.name, first if final is None else final, final=True, spread=spread)
+    tuner = make()
+    return tuner, tuner.tune(*args, emit=False, search_options={"resume": True})
 
-    def fake(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
-        fn()
-        chunk = launches[-1][0]
-        return BenchResult.of([times[chunk] * (1 + rng.uniform(-noise, noise)) for _ in range(rep)])
 
-    monkeypatch.setattr(timers, "do_bench", fake)
+def chunk_times(times: Mapping[int, float | str]) -> dict[Config, float | str]:
+    return {Config({"CHUNK": c}): t for c, t in times.items()}
 
 
 @pytest.mark.parametrize("default_ms, wins", [(1.003, "default"), (1.0049, "default"), (1.008, "fastest")])
-def test_default_wins_within_the_band(monkeypatch: pytest.MonkeyPatch, default_ms: float, wins: str) -> None:
-    tuner, rec = double_op("tie_default", chunks=(4, 8, 16), default=Config({"CHUNK": 8}))
-    fixed_timings(monkeypatch, {4: 1.5, 8: default_ms, 16: 1.0}, rec.launches)
-    report = tuner.tune(*inputs(), emit=False)
+def test_default_wins_within_the_band(default_ms: float, wins: str) -> None:
+    tuner, report = tuned_with(lambda: double_op("tie_default", chunks=(4, 8, 16), default=Config({"CHUNK": 8}))[0],
+                               inputs(), chunk_times({4: 1.5, 8: default_ms, 16: 1.0}))
     assert report.winner == (Config({"CHUNK": 8}) if wins == "default" else Config({"CHUNK": 16}))
     assert report.default_ms == pytest.approx(default_ms)
+    assert report.reused == 3 and tuner.stats.benchmarks == 0  # every timing was the journal's
 
 
-def test_earlier_config_wins_within_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
-    tuner, rec = double_op("tie_order", chunks=(4, 8, 16, 32))
-    fixed_timings(monkeypatch, {4: 2.0, 8: 1.003, 16: 1.0, 32: 1.004}, rec.launches)
-    assert tuner.tune(*inputs(), emit=False).winner == Config({"CHUNK": 8})
-    fixed_timings(monkeypatch, {4: 2.0, 8: 1.01, 16: 1.0, 32: 1.004}, rec.launches)
-    assert tuner.tune(*inputs(), emit=False).winner == Config({"CHUNK": 16})
+def test_earlier_config_wins_within_the_band() -> None:
+    def make() -> Any:
+        return double_op("tie_order", chunks=(4, 8, 16, 32))[0]
+
+    assert tuned_with(make, inputs(), chunk_times({4: 2.0, 8: 1.003, 16: 1.0, 32: 1.004}))[1].winner == \
+        Config({"CHUNK": 8})
+    assert tuned_with(make, inputs(), chunk_times({4: 2.0, 8: 1.01, 16: 1.0, 32: 1.004}))[1].winner == \
+        Config({"CHUNK": 16})
 
 
-def test_repeated_tunings_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repeated_tunings_agree() -> None:
     winners = set()
     for seed in range(12):
-        tuner, rec = double_op("tie_repeat", chunks=(4, 8, 16))
+        rng = random.Random(seed)
         # 8 and 16 cost the same up to 0.2% noise; each run the noise falls differently.
-        fixed_timings(monkeypatch, {4: 3.0, 8: 1.0, 16: 1.0}, rec.launches, noise=0.002, seed=seed)
-        winners.add(tuner.tune(*inputs(), emit=False).winner)
+        noisy = {c: t * (1 + rng.uniform(-0.002, 0.002)) for c, t in {4: 3.0, 8: 1.0, 16: 1.0}.items()}
+        _, report = tuned_with(lambda: double_op("tie_repeat", chunks=(4, 8, 16))[0], inputs(), chunk_times(noisy))
+        winners.add(report.winner)
     assert winners == {Config({"CHUNK": 8})}
 
 
-def test_final_round_ranks_by_the_longer_timing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first round's short timing says 16; over FINAL_SCALE times the reps, 8 is faster."""
-    tuner, rec = double_op("final_round", chunks=(4, 8, 16, 32), default=Config({"CHUNK": 32}))
-    first = {4: 2.0, 8: 1.02, 16: 1.0, 32: 1.5}
-    final = {4: 2.0, 8: 0.97, 16: 1.0, 32: 1.45}
-
-    def timing(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
-        fn()
-        times = final if rep == FAST["rep"] * search.FINAL_SCALE else first
-        return BenchResult.of([times[rec.launches[-1][0]]] * rep)
-
-    monkeypatch.setattr(timers, "do_bench", timing)
-    report = tuner.tune(*inputs(), emit=False)
+def test_final_round_ranks_by_the_longer_timing() -> None:
+    """The first round's short timing says 16; the final round's longer one says 8 is faster."""
+    _, report = tuned_with(lambda: double_op("final_round", chunks=(4, 8, 16, 32), default=Config({"CHUNK": 32}))[0],
+                           inputs(), chunk_times({4: 2.0, 8: 1.02, 16: 1.0, 32: 1.5}),
+                           chunk_times({4: 0.1, 8: 0.97, 16: 0.99, 32: 1.45}))
     assert report.winner == Config({"CHUNK": 8}) and report.winner_ms == pytest.approx(0.97)
     assert report.default_ms == pytest.approx(1.45)  # the default is a finalist: its time is comparable
-    assert dict(report.timings)[Config({"CHUNK": 4})].median == pytest.approx(2.0)  # not a finalist
-    assert tuner.stats.benchmarks == 4 and tuner.stats.retimed == 3
+    # 4 is not a finalist: it keeps its first time (its final one would have won)
+    assert {c.kwargs["CHUNK"]: r.median for c, r in report.timings} == pytest.approx({4: 2.0, 8: 0.97, 16: 0.99,
+                                                                                      32: 1.45})
 
 
-def _two_round_timing(monkeypatch: pytest.MonkeyPatch, rec: Any, first: dict[int, float],
-                      final: dict[int, float | Exception]) -> None:
-    """``timers.do_bench`` reporting ``first[CHUNK]`` for base reps and ``final[CHUNK]`` (a time, or an
-    error to raise) for the final round's."""
-    def timing(fn: Any, warmup: int, rep: int, **kw: Any) -> BenchResult:
-        fn()
-        chunk = rec.launches[-1][0]
-        value = final[chunk] if rep == FAST["rep"] * search.FINAL_SCALE else first[chunk]
-        if isinstance(value, Exception):
-            raise value
-        return BenchResult.of([value] * rep)
-
-    monkeypatch.setattr(timers, "do_bench", timing)
-
-
-def test_only_the_final_round_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_final_round_ranks() -> None:
     """A close candidate left out of the final round keeps its short time, and cannot win by it."""
-    monkeypatch.setattr(candidates, "FINALISTS", 2)
-    tuner, rec = double_op("final_only", chunks=(4, 8, 16))
-    _two_round_timing(monkeypatch, rec, {4: 1.0, 8: 1.01, 16: 1.02}, {4: 1.05, 8: 1.06, 16: 0.5})
-    report = tuner.tune(*inputs(), emit=False)
-    assert report.winner == Config({"CHUNK": 4}) and report.winner_ms == pytest.approx(1.05)
-    assert dict(report.timings)[Config({"CHUNK": 16})].median == pytest.approx(1.02)
-    assert tuner.stats.retimed == 2
+    chunks = tuple(range(1, FINALISTS + 3))  # every one within the band: the slowest two are left out
+    first = {c: 1.0 + 0.001 * i for i, c in enumerate(chunks)}
+    final = {c: 1.05 + 0.01 * i if i < FINALISTS else 0.5 for i, c in enumerate(chunks)}
+    _, report = tuned_with(lambda: double_op("final_only", chunks=chunks)[0], inputs(), chunk_times(first),
+                           chunk_times(final))
+    assert report.winner == Config({"CHUNK": 1}) and report.winner_ms == pytest.approx(1.05)
+    medians = {c.kwargs["CHUNK"]: r.median for c, r in report.timings}
+    assert medians == pytest.approx({c: final[c] if i < FINALISTS else first[c] for i, c in enumerate(chunks)})
 
 
-def test_a_finalist_failing_its_final_run_is_dropped_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    tuner, rec = double_op("final_fails", chunks=(4, 8, 16))
-    _two_round_timing(monkeypatch, rec, {4: 1.0, 8: 1.01, 16: 2.0}, {4: RuntimeError("flaky"), 8: 1.0, 16: 2.0})
+def test_a_finalist_failing_its_final_run_is_dropped_and_reported() -> None:
+    flaky = {"on": False}
+
+    def make() -> Any:
+        tuner, rec = double_op("final_fails", chunks=(4, 8, 16))
+        build = tuner.build
+
+        def failing_build(config: Config, spec: dict[str, Any]) -> Any:
+            launch = build(config, spec)
+
+            def maybe_fail(x: torch.Tensor, out: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
+                if flaky["on"] and config.kwargs["CHUNK"] == 4:
+                    raise RuntimeError("flaky")
+                return launch(x, out)
+
+            return maybe_fail
+
+        tuner.build = failing_build
+        return tuner
+
+    primer = make()
+    primer.tune(*inputs(), emit=False)
+    journal_times("final_fails", chunk_times({4: 1.0, 8: 1.01, 16: 2.0}))  # no final round journaled: it runs
+    flaky["on"] = True
+    tuner = make()
     with pytest.warns(FlyregWarning, match="flaky"):
-        report = tuner.tune(*inputs(), emit=False)
+        report = tuner.tune(*inputs(), emit=False, search_options={"resume": True})
     assert report.winner == Config({"CHUNK": 8})
     assert [c for c, _ in report.failed] == [Config({"CHUNK": 4})]
     assert Config({"CHUNK": 4}) not in dict(report.timings)
-    assert tuner.stats.benchmarks == 3 and tuner.stats.retimed == 1
+    assert report.reused == 3 and tuner.stats.benchmarks == 0 and tuner.stats.retimed == 1
+
+
+def finalists_of(first: Mapping[int, float], default: int | None = None, broken: int | None = None) -> set[int]:
+    """The CHUNKs a search re-timed in its final round, when its first round timed ``first`` (CHUNK -> ms).
+
+    Each config's journaled final time is 100 + its CHUNK: a finalist's median in the report is that."""
+    chunks = tuple(first)
+    final = {c: 100.0 + c for c in chunks}
+
+    def make() -> Any:
+        tuner, _ = double_op("finalists", chunks=chunks, default=Config({"CHUNK": default}) if default else None)
+        if broken is not None:
+            build = tuner.build
+
+            def build_or_fail(config: Config, spec: dict[str, Any]) -> Any:
+                if config.kwargs["CHUNK"] == broken:
+                    raise RuntimeError("no such kernel")
+                return build(config, spec)
+
+            tuner.build = build_or_fail
+        return tuner
+
+    _, report = tuned_with(make, inputs(), chunk_times(first), chunk_times(final))
+    return {c.kwargs["CHUNK"] for c, r in report.timings if r.median == 100.0 + c.kwargs["CHUNK"]}
 
 
 def test_finalists() -> None:
-    r = BenchResult.of
-    cs = [Config({"CHUNK": i}) for i in range(10)]
-    timed = {c: r([1.0 + 0.001 * i]) for i, c in enumerate(cs)}  # all within FINAL_BAND, slowest last
-    assert search.finalists(timed, None) == cs[:search.FINALISTS]
-    assert search.finalists(timed, cs[9]) == [*cs[:search.FINALISTS], cs[9]]
-    assert search.finalists(timed, cs[0]) == cs[:search.FINALISTS]
-    far = {cs[0]: r([1.0]), cs[1]: r([1.0 + 2 * search.FINAL_BAND]), cs[2]: r([0.999])}
-    assert search.finalists(far, None) == [cs[2], cs[0]]
-    assert search.finalists(far, cs[1]) == [cs[2], cs[0], cs[1]]
-    assert search.finalists({cs[0]: r([1.0])}, cs[0]) == []  # nothing to tell apart
-    assert search.finalists({cs[0]: r([1.0]), cs[1]: r([2.0])}, cs[0]) == []  # one close config, the default
-    assert search.finalists(far, Config({"CHUNK": 99})) == [cs[2], cs[0]]  # an untimed default
+    close = {i: 1.0 + 0.001 * i for i in range(1, 11)}  # all within the band, slowest last
+    assert finalists_of(close) == set(range(1, FINALISTS + 1))
+    assert finalists_of(close, default=10) == {*range(1, FINALISTS + 1), 10}
+    assert finalists_of(close, default=1) == set(range(1, FINALISTS + 1))
+    far = {1: 1.0, 2: 1.0 + 2 * FINAL_BAND, 3: 0.999}
+    assert finalists_of(far) == {3, 1}
+    assert finalists_of(far, default=2) == {3, 1, 2}
+    assert finalists_of({1: 1.0}, default=1) == set()  # nothing to tell apart
+    assert finalists_of({1: 1.0, 2: 2.0}, default=1) == set()  # one close config, the default
+    with pytest.warns(FlyregWarning, match="no such kernel"):
+        assert finalists_of(far, default=99, broken=99) == {3, 1}  # an untimed default
 
 
-def test_pick_winner_directly() -> None:
-    a, b, c = (Config({"CHUNK": i}) for i in (1, 2, 3))
-    r = BenchResult.of
-    assert pick_winner([(a, r([1.0])), (b, r([0.5])), (c, r([0.505]))], None, 0.02)[0] == b
-    assert pick_winner([(a, r([1.0])), (b, r([0.5])), (c, r([0.505]))], c, 0.02)[0] == c
-    assert pick_winner([(a, r([1.0])), (b, r([0.5])), (c, r([0.505]))], c, 0.0)[0] == b
-    assert pick_winner([(a, r([0.509])), (b, r([0.5]))], None, 0.02) == (a, 0.509)
+def winner_of(times: Mapping[str, tuple[float, float]], default: str | None, tie_band: float) -> tuple[str, float]:
+    """The winner (its KEY) and its time among configs ``KEY`` -> (median ms, spread), candidates in this order."""
+    configs = [Config({"KEY": k}) for k in times]
+
+    def make() -> Any:
+        return flyreg.autotune_builder("ranked", lambda c, s: (lambda x: x), lambda x: {"n": 1}, configs,
+                                       (lambda spec: Config({"KEY": default})) if default else None,
+                                       tie_band=tie_band, build_cache=BuildCache(), **FAST)
+
+    make().tune(torch.zeros(1), emit=False)
+    for key, (median, spread) in times.items():
+        for final in (False, True):
+            journal_times("ranked", {Config({"KEY": key}): median}, final=final, spread=spread)
+    report = make().tune(torch.zeros(1), emit=False, search_options={"resume": True})
+    return str(report.winner.kwargs["KEY"]), report.winner_ms
+
+
+def test_the_winner_is_the_fastest_or_within_the_band_the_default_then_the_earliest() -> None:
+    exact = {"a": (1.0, 0.0), "b": (0.5, 0.0), "c": (0.505, 0.0)}
+    assert winner_of(exact, None, 0.02)[0] == "b"
+    assert winner_of(exact, "c", 0.02)[0] == "c"
+    assert winner_of(exact, "c", 0.0)[0] == "b"
+    assert winner_of({"a": (0.509, 0.0), "b": (0.5, 0.0)}, None, 0.02) == ("a", pytest.approx(0.509))
 
 
 def test_the_default_stays_when_the_measurement_cannot_tell_it_from_the_fastest() -> None:
-    a, d = Config({"CHUNK": 1}), Config({"CHUNK": 2})
-    r = BenchResult.of
-    jittery_fast = r([3.0, 3.2, 4.0, 4.4, 5.0])  # median 4.0, p80 4.52
-    jittery_default = r([4.3, 4.5, 4.6, 5.0, 6.0])  # median 4.6 (15 % slower), p20 4.46: overlaps
-    assert pick_winner([(a, jittery_fast), (d, jittery_default)], d, 0.02) == (d, 4.6)
-    clearly_slower = r([4.8, 4.9, 5.0, 5.1, 5.2])  # p20 4.88 is above the fastest's p80
-    assert pick_winner([(a, jittery_fast), (d, clearly_slower)], d, 0.02) == (a, 4.0)
-    assert pick_winner([(a, jittery_fast), (d, jittery_default)], None, 0.02) == (a, 4.0)  # no default: fastest
+    # A journaled spread s puts p20 and p80 at median * (1 -+ s / 2).
+    jittery_fast = (4.0, 0.26)  # p80 4.52
+    jittery_default = (4.6, 0.28 / 4.6)  # 15 % slower, but p20 4.46: the two overlap
+    assert winner_of({"a": jittery_fast, "d": jittery_default}, "d", 0.02) == ("d", pytest.approx(4.6))
+    clearly_slower = (5.0, 0.24 / 5.0)  # p20 4.88 is above the fastest's p80
+    assert winner_of({"a": jittery_fast, "d": clearly_slower}, "d", 0.02) == ("a", pytest.approx(4.0))
+    assert winner_of({"a": jittery_fast, "d": jittery_default}, None, 0.02) == ("a", pytest.approx(4.0))
 
 
-def test_warm_device_runs_nothing_off_cuda() -> None:
-    from flyreg._search.bench import warm_device
-
-    calls: list[int] = []
-    assert warm_device(lambda: calls.append(1), "cpu") == 0 and not calls
+def test_a_cpu_search_runs_each_candidate_warmup_plus_rep_times_only() -> None:
+    """No launch warms the device on the CPU: a search's launches are its timed runs and nothing else."""
+    tuner, rec = double_op("counted", chunks=(1, 16, 256))
+    tuner.tune(*inputs(), emit=False)
+    assert len(rec.launches) == launches_per_search(tuner)
 
 
 def test_tune_error_on_zero_candidates() -> None:
@@ -494,9 +546,10 @@ def test_search_writes_a_complete_cache_entry() -> None:
     tuner, _ = double_op("entry_op", default=None)
     x, out = inputs()
     report = tuner.tune(x, out, emit=False)
-    (entry,) = cache.load("entry_op").values()
+    (entry,) = cache_entries("entry_op").values()
     assert Config.from_json(entry["config"]) == report.winner
     assert entry["spec"] == {"n": 256} and entry["time_ms"] == report.winner_ms
+    assert double_op("entry_op", default=None)[0].resolve(x, out).source == "cache"
 
 
 def test_every_config_failing_the_gate_serves_the_default_and_tune_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -512,7 +565,7 @@ def test_every_config_failing_the_gate_serves_the_default_and_tune_reports_it(mo
         str(w.message) for w in record if "correctness gate on this call's data" in str(w.message)]  # one warning
     assert len(record) == 1
     assert tuner.resolve(x, out).origin == "default"
-    assert cache.load("gate_all") == {}  # a data-dependent fallback is stored nowhere
+    assert cache_entries("gate_all") == {}  # a data-dependent fallback is stored nowhere
     fresh, _ = double_op("gate_all2", default=Config({"CHUNK": 16}), reference=lambda args, kwargs: args[0] * 3)
     with pytest.raises(TuneError, match="every config failed") as info:
         fresh.tune(x, out, emit=False)

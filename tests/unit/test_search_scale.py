@@ -12,14 +12,11 @@ import pytest
 import torch
 
 import flyreg
-from flyreg import Config
-from flyreg._plugins.record import OpRecord, RecordError
-from flyreg._runtime.builder import BuildCache
-from flyreg._search import journal
-from flyreg._search.strategy import QUICK_SHARE
-from flyreg.plugin import hookimpl
+from flyreg import BuildCache, Config
+from flyreg.plugin import OpRecord, RecordError, hookimpl
 
-from test_strategy import SPACE, cost
+from on_disk import first_round, journal_rows
+from test_strategy import QUICK_SHARE, SPACE, cost
 
 UNIT = 300  # loop iterations per unit of work
 
@@ -178,17 +175,17 @@ def test_every_measurement_and_failure_is_journaled() -> None:
     tuner = gated_op("journaled")
     with pytest.warns(flyreg.FlyregWarning):
         report = tuner.tune(torch.ones(8), emit=False)
-    rows = journal.measurements("journaled")
-    first = [m for m in rows if m.timing == "cpu"]
-    assert {m.config.kwargs["K"] for m in first if not m.failed} == {0, 1}
-    errors = {m.config.kwargs["K"]: m.error for m in first if m.failed}
+    rows = journal_rows("journaled")
+    first = first_round(rows)
+    assert {m["config"].kwargs["K"] for m in first if m["error"] is None} == {0, 1}
+    errors = {m["config"].kwargs["K"]: m["error"] for m in first if m["error"] is not None}
     assert "no such kernel" in str(errors[3]) and str(errors[2]).startswith("rejected: ")
     for m in first:
-        assert m.spec == {"n": 8} and m.device["arch"] and m.toolchain["op"] == "0"
-    timed = {m.config: m.median_ms for m in first if not m.failed}
+        assert m["spec"] == {"n": 8} and m["device"]["arch"] and m["toolchain"]["op"] == "0"
+    timed = {m["config"]: m["median_ms"] for m in first if m["error"] is None}
     assert all(t is not None and t > 0 and math.isfinite(t) for t in timed.values())
-    final = [m for m in rows if m.timing.startswith("cpu final")]
-    assert {m.config for m in final} <= set(timed) and len(report.timings) == 2
+    final = [m for m in rows if m["timing"].startswith("cpu final")]
+    assert {m["config"] for m in final} <= set(timed) and len(report.timings) == 2
 
 
 def test_a_resumed_search_times_nothing_already_journaled() -> None:
@@ -196,10 +193,10 @@ def test_a_resumed_search_times_nothing_already_journaled() -> None:
     x = torch.ones(8)
     with pytest.warns(flyreg.FlyregWarning):
         first = tuner.tune(x, emit=False, search_options={"resume": True})
-    rows = len(journal.measurements("resumed"))
+    rows = len(journal_rows("resumed"))
     again = tuner.tune(x, emit=False, search_options={"resume": True})
-    assert len(journal.measurements("resumed")) == rows  # nothing timed, failed or rejected again
+    assert len(journal_rows("resumed")) == rows  # nothing timed, failed or rejected again
     assert again.winner == first.winner and again.reused == len(again.timings)
     assert {c for c, _ in again.failed} == {Config({"K": 3})} and {c for c, _ in again.rejected} == {Config({"K": 2})}
     fresh = tuner.tune(x, emit=False)  # a search not resuming (an online one) times everything and journals it
-    assert fresh.reused == 0 and len(journal.measurements("resumed")) > rows
+    assert fresh.reused == 0 and len(journal_rows("resumed")) > rows

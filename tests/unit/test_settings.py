@@ -6,62 +6,76 @@ import ast
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-import attrs
 import pytest
 import torch
-from click.testing import CliRunner
 
 import flyreg
-from flyreg import FlyregWarning
-from flyreg._artifacts import cache
-from flyreg._core import settings
-from flyreg._core.settings import NAMES, VARIABLES, Settings, current, expand_path
-from flyreg._plugins import registry
-from flyreg._plugins.registry import Registry
-from flyreg._runtime.tuner import autotune_forced
-from flyreg._search.engine import compile_threads
+from flyreg import Config, FlyregWarning
 
-from test_registry import RowScale, ep, inputs
+from cpu_kernels import double_op, inputs as double_inputs
+from on_disk import SCRATCH_CACHE
+from row_scale import RowScale, inputs
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_THREADS = min(16, os.cpu_count() or 1)
 
 
 @pytest.fixture
-def no_flyreg_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in NAMES:
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def rowscale(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
-    """A fresh process-wide registry holding the CPU op ``rowscale``, registered in-process."""
-    from flyreg._runtime.builder import BUILD_CACHE
-
-    reg = Registry(entry_points=lambda: [])
-    monkeypatch.setattr(registry, "REGISTRY", reg)
-    BUILD_CACHE.clear()
+def rowscale() -> Iterator[None]:
+    """The CPU op ``rowscale``, registered in this process."""
     flyreg.register(RowScale(), name="rowscale")
-    yield reg
+    yield
+    flyreg.unregister("rowscale")
 
 
 def _messages(record: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, FlyregWarning)]
 
 
+def help_variables(flyreg_cli: Callable[..., Any]) -> dict[str, str]:
+    """Each variable ``flyreg --help`` lists, with its text (wrapped lines joined)."""
+    out = flyreg_cli("--help").out
+    section = out[out.index("Environment"):]
+    found: dict[str, str] = {}
+    name = None
+    for line in section.splitlines()[1:]:
+        m = re.match(r"^\s+(FLYREG_\w+)\s+(.*)$", line)
+        if m:
+            name = m[1]
+            found[name] = m[2].strip()
+        elif name and line.strip():
+            found[name] += " " + line.strip()
+    return found
+
+
+def forced(name: str) -> bool:
+    """Whether a new key of a new tuner is searched (FLYREG_AUTOTUNE) though the op has a default."""
+    tuner, _ = double_op(name, default=Config({"CHUNK": 16}))
+    return tuner.resolve(*double_inputs()).source == "search"
+
+
 # -- values -------------------------------------------------------------------------------------------
 
-def test_unset_and_empty_variables_get_the_defaults(no_flyreg_env: None) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        defaults = Settings.from_env({})
-        assert Settings.from_env({name: " " for name in NAMES}) == defaults
-    assert (defaults.autotune, defaults.config_dirs, defaults.disable_ops, defaults.plugin_timeout) == \
-        (False, (), frozenset(), 30.0)
-    assert defaults.compile_threads == min(16, os.cpu_count() or 1)
-    assert [v.field for v in VARIABLES] == list(attrs.fields_dict(Settings))  # one variable per field
+def test_unset_and_blank_variables_get_the_defaults(flyreg_cli: Callable[..., Any], isolated_dirs: dict[str, Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    names = help_variables(flyreg_cli)
+    for blank in (False, True):
+        for name in names:
+            if blank:
+                monkeypatch.setenv(name, " ")
+            else:
+                monkeypatch.delenv(name, raising=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert not forced(f"defaults_{blank}")  # FLYREG_AUTOTUNE off
+            assert all(i.status == "ok" for i in flyreg.ops())  # no op disabled
+            out = Path(str(double_op(f"written_{blank}")[0].tune(*double_inputs()).artifact))
+        assert out.parent == isolated_dirs["xdg_config"] / "flyreg"  # no FLYREG_CONFIG_DIR: the user config dir
+        assert flyreg_cli("cache", "path").out.strip() == str(isolated_dirs["xdg_cache"] / "flyreg" / SCRATCH_CACHE)
 
 
 @pytest.mark.parametrize("raw, value", [*((s, True) for s in ("1", "true", "yes", "on", "TRUE", " Yes ", "On")),
@@ -70,8 +84,28 @@ def test_every_boolean_spelling(monkeypatch: pytest.MonkeyPatch, raw: str, value
     monkeypatch.setenv("FLYREG_AUTOTUNE", raw)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert current().autotune is value
-        assert autotune_forced() is value
+        assert forced(f"spelled_{raw.strip()}") is value
+
+
+#: How each bad value is first read: a call of a new tuner (FLYREG_AUTOTUNE), a search (FLYREG_COMPILE_THREADS),
+#: an op's load (FLYREG_PLUGIN_TIMEOUT); and what shows the default was used.
+def _read_autotune(name: str) -> None:
+    assert not forced(name)
+
+
+def _read_compile_threads(name: str) -> None:
+    double_op(name)[0].tune(*double_inputs(), emit=False)
+
+
+def _read_plugin_timeout(name: str) -> None:
+    flyreg.register(RowScale(), name=name)
+    flyreg.unregister(name)
+
+
+#: The isolation settings are used by ``flyreg tune --isolate`` only; any read of the settings checks them.
+READERS = {"FLYREG_AUTOTUNE": _read_autotune, "FLYREG_COMPILE_THREADS": _read_compile_threads,
+           "FLYREG_PLUGIN_TIMEOUT": _read_plugin_timeout, "FLYREG_COMPILE_WORKERS": _read_autotune,
+           "FLYREG_CANDIDATE_TIMEOUT": _read_autotune}
 
 
 @pytest.mark.parametrize("name, raw, allowed", [
@@ -92,31 +126,52 @@ def test_every_boolean_spelling(monkeypatch: pytest.MonkeyPatch, raw: str, value
     ("FLYREG_PLUGIN_TIMEOUT", "inf", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "soon", "seconds > 0"),
 ])
-def test_a_bad_value_warns_once_naming_it_and_the_default_is_used(name: str, raw: str, allowed: str) -> None:
-    var = next(v for v in VARIABLES if v.name == name)
+def test_a_bad_value_warns_once_naming_it_and_the_default_is_used(
+        name: str, raw: str, allowed: str, monkeypatch: pytest.MonkeyPatch, flyreg_cli: Callable[..., Any]) -> None:
+    default = re.search(r"Default: (.*)\.$", help_variables(flyreg_cli)[name])
+    assert default is not None
+    monkeypatch.setenv(name, raw)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        first = Settings.from_env({name: raw})
-        again = Settings.from_env({name: raw})
-    (message,) = _messages(record)
-    assert f"{name}={raw!r}" in message and f"expected {allowed}" in message and f"default ({var.default})" in message
-    assert first == again == Settings.from_env({})
+        READERS[name](f"bad_{raw}_first")
+        READERS[name](f"bad_{raw}_again")
+    (message,) = [m for m in _messages(record) if name in m]
+    assert f"{name}={raw!r}" in message and f"expected {allowed}" in message and f"default ({default[1]})" in message
 
 
-def test_good_values_are_read(tmp_path: Path) -> None:
-    env = {"FLYREG_AUTOTUNE": "yes", "FLYREG_CACHE_DIR": str(tmp_path / "c"),
-           "FLYREG_CONFIG_DIR": os.pathsep.join([str(tmp_path / "a"), "", str(tmp_path / "b")]),
-           "FLYREG_DISABLE_OPS": " x, y ,,", "FLYREG_COMPILE_THREADS": " 3 ", "FLYREG_COMPILE_WORKERS": "2",
-           "FLYREG_CANDIDATE_TIMEOUT": "7.5", "FLYREG_PLUGIN_TIMEOUT": "2.5"}
+def test_good_values_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flyreg_cli: Callable[..., Any]) -> None:
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("FLYREG_CONFIG_DIR", os.pathsep.join([str(tmp_path / "a"), "", str(tmp_path / "b")]))
+    monkeypatch.setenv("FLYREG_DISABLE_OPS", " x, y ,,")
+    monkeypatch.setenv("FLYREG_COMPILE_THREADS", " 3 ")
+    monkeypatch.setenv("FLYREG_COMPILE_WORKERS", "2")
+    monkeypatch.setenv("FLYREG_CANDIDATE_TIMEOUT", "7.5")
+    monkeypatch.setenv("FLYREG_PLUGIN_TIMEOUT", "2.5")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        s = Settings.from_env(env)
-    assert s == Settings(True, tmp_path / "c", (tmp_path / "a", tmp_path / "b"), frozenset({"x", "y"}), 3, 2, 7.5,
-                         2.5)
+        warnings.simplefilter("error", FlyregWarning)
+        monkeypatch.setenv("FLYREG_AUTOTUNE", "yes")
+        assert forced("good_values")
+        monkeypatch.delenv("FLYREG_AUTOTUNE")
+        flyreg.register(RowScale(), name="x")
+        flyreg.register(RowScale(), name="y")
+        try:
+            assert {i.name: i.status for i in flyreg.ops() if i.name in "xy"} == {"x": "disabled", "y": "disabled"}
+        finally:
+            flyreg.unregister("x")
+            flyreg.unregister("y")
+    assert flyreg_cli("cache", "path").out.strip() == str(tmp_path / "c" / SCRATCH_CACHE)
+    written = Path(str(double_op("dirs_op")[0].tune(*double_inputs()).artifact))
+    assert written.parent == tmp_path / "a"  # the first config dir, the empty entry skipped
+    (tmp_path / "b").mkdir()
+    moved = tmp_path / "b" / written.name
+    written.rename(moved)
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "empty"))
+    res = double_op("dirs_op")[0].resolve(*double_inputs())
+    assert (res.source, res.path) == ("offline", str(moved))  # the second config dir is looked up too
 
 
 def test_a_bad_compile_thread_count_with_autotune_does_not_break_the_first_call(
-        rowscale: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+        rowscale: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
     for raw in ("0", "-1", "abc"):
         monkeypatch.setenv("FLYREG_COMPILE_THREADS", raw)
@@ -127,46 +182,86 @@ def test_a_bad_compile_thread_count_with_autotune_does_not_break_the_first_call(
             assert tuner(x, s, out) is out
         torch.testing.assert_close(out, x * s[:, None])
         assert tuner.stats.searches == searches + 1
-        assert compile_threads() == min(16, os.cpu_count() or 1)
 
 
-def test_the_plugin_load_limit_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLYREG_PLUGIN_TIMEOUT", "0.5")
-    assert registry.plugin_load_timeout() == 0.5
-    monkeypatch.setenv("FLYREG_PLUGIN_TIMEOUT", "soon")
-    with pytest.warns(FlyregWarning, match="FLYREG_PLUGIN_TIMEOUT='soon': expected seconds > 0"):
-        assert registry.plugin_load_timeout() == 30.0
+def test_the_plugin_load_limit_comes_from_the_settings(fresh_process: Any) -> None:
+    got = fresh_process.run("""
+        import json, time, warnings
+        import flyreg
+        from row_scale import RowScale
+
+        class Slow(RowScale):
+            def __init__(self, seconds):
+                super().__init__()
+                self.seconds = seconds
+
+            @flyreg.hookimpl
+            def describe(self):
+                time.sleep(self.seconds)
+                return super().describe()
+
+        def loads(seconds):
+            try:
+                flyreg.register(Slow(seconds), name="slow")
+            except flyreg.PluginError as e:
+                return str(e)
+            flyreg.unregister("slow")
+            return "ok"
+
+        import os
+        os.environ["FLYREG_PLUGIN_TIMEOUT"] = "0.5"
+        out = [loads(1.5), loads(0.1)]
+        os.environ["FLYREG_PLUGIN_TIMEOUT"] = "soon"
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            out.append(loads(1.5))  # the default, 30 s
+        out.append([str(w.message) for w in record])
+        print(json.dumps(out))
+    """, path=[Path(__file__).resolve().parent]).one()
+    assert "load timed out" in got[0] and "0.5 s" in got[0] and got[1] == "ok" and got[2] == "ok"
+    assert any("FLYREG_PLUGIN_TIMEOUT='soon': expected seconds > 0" in m for m in got[3])
 
 
 # -- directories ----------------------------------------------------------------------------------------
 
-def test_expand_path() -> None:
-    env = {"HOME": "/home/u", "ROOT": "/srv", "EMPTY": ""}
-    assert expand_path("~", env) == Path("/home/u")
-    assert expand_path("~/a/$ROOT", env) == Path("/home/u/a/srv")
-    assert expand_path("${ROOT}/x/$ROOT", env) == Path("/srv/x/srv")
-    assert expand_path("$UNSET/x", env) == Path("$UNSET/x")  # left as written, as the shell's expandvars does
-    assert expand_path("a~/b", env) == Path("a~/b")
-    assert expand_path("$EMPTY/x", env) == Path("/x")
+@pytest.mark.parametrize("written, expanded", [
+    ("~", "{HOME}"),
+    ("~/a/$ROOT", "{HOME}/a/{ROOT}"),
+    ("${ROOT}/x/$ROOT", "{ROOT}/x/{ROOT}"),
+    ("$FLYREG_TEST_UNSET/x", "$FLYREG_TEST_UNSET/x"),  # left as written, as the shell's expandvars does
+    ("a~/b", "a~/b"),
+    ("$FLYREG_TEST_EMPTY/x", "/x"),
+])
+def test_a_directory_expands_home_and_variables(written: str, expanded: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, flyreg_cli: Callable[..., Any]) -> None:
+    home, root = tmp_path / "home", tmp_path / "srv"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("ROOT", str(root))
+    monkeypatch.setenv("FLYREG_TEST_EMPTY", "")
+    monkeypatch.delenv("FLYREG_TEST_UNSET", raising=False)
+    monkeypatch.setenv("FLYREG_CACHE_DIR", written)
+    want = Path(expanded.format(HOME=home, ROOT=root)) / SCRATCH_CACHE
+    assert flyreg_cli("cache", "path").out.strip() == str(want)
 
 
-def test_directories_expand_home_and_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_directories_follow_the_variables_they_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   flyreg_cli: Callable[..., Any]) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("FLYREG_TEST_ROOT", str(tmp_path / "root"))
     monkeypatch.setenv("FLYREG_CONFIG_DIR", os.pathsep.join(["~/a", "${FLYREG_TEST_ROOT}/b"]))
     monkeypatch.setenv("FLYREG_CACHE_DIR", "$FLYREG_TEST_ROOT/cache")
-    assert current().config_dirs == (tmp_path / "a", tmp_path / "root" / "b")
-    assert cache.cache_dir() == tmp_path / "root" / "cache"
+    assert Path(str(double_op("home_a")[0].tune(*double_inputs()).artifact)).parent == tmp_path / "a"
+    assert flyreg_cli("cache", "path").out.strip() == str(tmp_path / "root" / "cache" / SCRATCH_CACHE)
     # A variable a directory names is watched like the FLYREG_* ones.
     monkeypatch.setenv("FLYREG_TEST_ROOT", str(tmp_path / "moved"))
-    assert current().config_dirs == (tmp_path / "a", tmp_path / "moved" / "b")
-    assert cache.cache_dir() == tmp_path / "moved" / "cache"
+    monkeypatch.setenv("FLYREG_CONFIG_DIR", os.pathsep.join(["${FLYREG_TEST_ROOT}/b", "~/a"]))
+    assert Path(str(double_op("home_b")[0].tune(*double_inputs()).artifact)).parent == tmp_path / "moved" / "b"
+    assert flyreg_cli("cache", "path").out.strip() == str(tmp_path / "moved" / "cache" / SCRATCH_CACHE)
 
 
-def test_an_artifact_the_cli_tuned_into_a_home_dir_is_served(rowscale: Registry, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyreg._cli.main import cli
-
+def test_an_artifact_the_cli_tuned_into_a_home_dir_is_served(rowscale: None, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            flyreg_cli: Callable[..., Any]) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("FLYREG_TEST_ROOT", str(tmp_path))
     monkeypatch.setenv("FLYREG_CONFIG_DIR", "~/x")
@@ -175,12 +270,12 @@ def test_an_artifact_the_cli_tuned_into_a_home_dir_is_served(rowscale: Registry,
     work.mkdir()
     monkeypatch.chdir(work)
     spec = {"M": 256, "N": 32, "op": "scale"}
-    result = CliRunner().invoke(cli, ["tune", "rowscale", "--spec", "M=256,N=32,op=scale", "--device", "cpu"])
-    assert result.exit_code == 0, result.output
+    result = flyreg_cli("tune", "rowscale", "--spec", "M=256,N=32,op=scale", "--device", "cpu")
+    assert result.code == 0, result.out + result.err
     (artifact,) = (tmp_path / "x").iterdir()
-    assert (tmp_path / "scratch" / cache.DB_NAME).is_file()
+    assert (tmp_path / "scratch" / SCRATCH_CACHE).is_file()
     assert list(work.iterdir()) == []  # no literal ./~/x
-    cache.clear()  # the runtime must find the artifact, not the scratch entry the search also wrote
+    flyreg_cli("cache", "clear")  # the runtime must find the artifact, not the scratch entry the search also wrote
     flyreg.unregister("rowscale")
     flyreg.register(RowScale(), name="rowscale")  # a fresh tuner: nothing in memory
     res = flyreg.resolve_spec("rowscale", spec)
@@ -189,56 +284,72 @@ def test_an_artifact_the_cli_tuned_into_a_home_dir_is_served(rowscale: Registry,
 
 # -- re-reading ---------------------------------------------------------------------------------------
 
-def test_current_rereads_only_when_a_variable_changed(monkeypatch: pytest.MonkeyPatch) -> None:
-    first = current()
-    assert current() is first  # nothing changed: the same object, nothing parsed again
+def test_a_changed_variable_takes_effect_at_once(monkeypatch: pytest.MonkeyPatch, flyreg_cli: Callable[..., Any]) -> None:
+    from test_launch_bind import pool_threads_of_a_search
+
     monkeypatch.setenv("FLYREG_COMPILE_THREADS", "5")
-    assert current().compile_threads == 5
+    assert len(pool_threads_of_a_search("reread_5", 20)) == 5
     monkeypatch.setenv("XDG_CACHE_HOME", "/elsewhere")
     monkeypatch.delenv("FLYREG_CACHE_DIR")
-    assert current().cache_dir.parts[:2] == ("/", "elsewhere")
+    assert flyreg_cli("cache", "path").out.startswith("/elsewhere/")
     monkeypatch.delenv("FLYREG_COMPILE_THREADS")
-    assert current().compile_threads == min(16, os.cpu_count() or 1)
+    assert len(pool_threads_of_a_search("reread_default", 20)) == DEFAULT_THREADS
 
 
 # -- disabled ops ------------------------------------------------------------------------------------
 
 def test_an_unknown_disabled_op_warns_once_with_the_known_ops(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "REGISTRY", Registry(entry_points=lambda: [ep("keep", RowScale(tag="keep")),
-                                                                             ep("other", RowScale(tag="o"))]))
-    monkeypatch.setenv("FLYREG_DISABLE_OPS", "nosuchop,keep,*")
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        assert {i.name: i.status for i in flyreg.ops()} == {"keep": "disabled", "other": "ok"}
-        flyreg.ops()
-        flyreg.op("other")
-    (message,) = _messages(record)
-    assert "FLYREG_DISABLE_OPS names no registered op: '*', 'nosuchop'" in message
-    assert "known ops: keep, other" in message
+    flyreg.register(RowScale(tag="keep"), name="keep")
+    flyreg.register(RowScale(tag="o"), name="other")
+    try:
+        monkeypatch.setenv("FLYREG_DISABLE_OPS", "nosuchop,keep,*")
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            assert {i.name: i.status for i in flyreg.ops() if i.name in ("keep", "other")} == \
+                {"keep": "disabled", "other": "ok"}
+            flyreg.ops()
+            flyreg.op("other")
+        (message,) = _messages(record)
+        assert "FLYREG_DISABLE_OPS names no registered op: '*', 'nosuchop'" in message
+        known = re.search(r"known ops: (.*)\)", message)
+        assert known is not None and {"keep", "other"} <= set(known[1].split(", "))
 
-    monkeypatch.setenv("FLYREG_DISABLE_OPS", "keep")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert {i.name: i.status for i in flyreg.ops()} == {"keep": "disabled", "other": "ok"}
+        monkeypatch.setenv("FLYREG_DISABLE_OPS", "keep")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert {i.name: i.status for i in flyreg.ops() if i.name in ("keep", "other")} == \
+                {"keep": "disabled", "other": "ok"}
+    finally:
+        monkeypatch.delenv("FLYREG_DISABLE_OPS")
+        flyreg.unregister("keep")
+        flyreg.unregister("other")
 
 
 # -- one table, documented everywhere ----------------------------------------------------------------------
 
-def test_help_lists_every_variable() -> None:
-    from flyreg._cli.main import cli
+def _read_variables() -> set[str]:
+    """Every FLYREG_* variable flyreg's source names (what the settings module reads)."""
+    text = (ROOT / "flyreg" / "_core" / "settings.py").read_text(encoding="utf-8")
+    return {node.value for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"FLYREG_[A-Z_]+", node.value)}
 
-    result = CliRunner().invoke(cli, ["--help"])
-    assert result.exit_code == 0
-    for var in VARIABLES:
-        assert re.search(rf"^\s+{var.name}\s+\S", result.output, re.M), var.name
+
+def test_help_lists_every_variable(flyreg_cli: Callable[..., Any]) -> None:
+    listed = help_variables(flyreg_cli)
+    assert set(listed) == _read_variables()
+    for name, text in listed.items():
+        assert re.fullmatch(r"\S.*\. Values: .+\. Default: .+\.", text), (name, text)
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
-def test_docs_show_the_table_of_every_variable(doc: str) -> None:
+def test_docs_show_the_table_of_every_variable(doc: str, flyreg_cli: Callable[..., Any]) -> None:
     text = (ROOT / doc).read_text(encoding="utf-8")
-    assert settings.markdown_table() in text
-    documented = set(re.findall(r"^\| `(FLYREG_\w+)`", text, re.M))
-    assert documented == set(NAMES)
+    assert "| variable | values | default | effect |\n|---|---|---|---|\n" in text
+    rows = re.findall(r"^\| `(FLYREG_\w+)` \| (.+?) \| (.+?) \| (.+?) \|$", text, re.M)
+    assert [r[0] for r in rows] == list(help_variables(flyreg_cli))  # every variable, in the help's order
+    for name, values, default, effect in rows:  # each row says what the help says
+        said = f"{effect[:1].upper()}{effect[1:]}. Values: {values}. Default: {default}.".replace("`", "")
+        assert help_variables(flyreg_cli)[name] == said, name
 
 
 def _reads_of_flyreg_variables(path: Path) -> list[str]:

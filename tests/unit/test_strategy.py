@@ -1,20 +1,32 @@
-"""Search strategies: the budgeted local search against the exhaustive optimum on a toy op with a real cost."""
+"""Search strategies, through a tuner's search: the budgeted local search against the exhaustive optimum on
+a toy op whose call takes a known time, the exhaustive search, budgets and the choice of strategy.
+
+The toy's launch busy-waits ``cost(config)`` units of wall time, so every timing the search takes
+ranks the configs as ``cost`` does (a busy-wait is only ever lengthened by load, and the median
+of the reps drops that).
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+import torch
 
-from flyreg import Config
-from flyreg._search.strategy import QUICK_SHARE, Budget, Exhaustive, LocalSearch, choose
+import flyreg
+from flyreg import BuildCache, Config
 
 # 16 x 8 x 16 = 2048 configs; the work of a call grows with a known function of the knobs.
 SPACE = [Config({"A": a, "B": b, "C": c}, num_warps=4) for a in range(1, 17) for b in (1, 2, 4, 8, 16, 32, 64, 128)
          for c in range(1, 17)]
-UNIT = 250  # loop iterations per unit of cost
+#: The share of a large space a quick search times at most, and the largest space searched whole by
+#: default (docs/cli.md, ``--effort``).
+QUICK_SHARE, EXHAUSTIVE_MAX = 0.15, 256
+UNIT_S = 2e-6  # wall seconds per unit of cost
+DEFAULT = Config({"A": 1, "B": 1, "C": 16}, num_warps=4)  # a poor config, far from the optimum
 
 
 def cost(config: Config) -> float:
@@ -25,99 +37,93 @@ def cost(config: Config) -> float:
     return 20 + 3 * (a - 11) ** 2 + 8 * (b - 3) ** 2 + 2.5 * (c - 6) ** 2 + 0.5 * abs(a - c - 5) - dip
 
 
-def run_toy(config: Config) -> float:
-    """Thread CPU time (ms) of one call's real work."""
-    n = int(cost(config) * UNIT)
-    t0 = time.thread_time_ns()
-    acc = 0
-    for i in range(n):
-        acc += i
-    return (time.thread_time_ns() - t0) / 1e6
-
-
-def evaluate(configs: Sequence[Config]) -> dict[Config, float | None]:
-    """The fastest of five calls of each config, the calls interleaved across the batch (as load comes and goes)."""
-    times: dict[Config, list[float]] = {c: [] for c in configs}
-    for _ in range(5):
-        for c in configs:
-            times[c].append(run_toy(c))
-    return {c: min(ts) for c, ts in times.items()}
-
-
 BEST = min(cost(c) for c in SPACE)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_local_search_times_the_optimum_with_a_fraction_of_the_evaluations(seed: int) -> None:
-    """Steered by real, noisy timings, the search still reaches a config within 2 % of the optimum; which
-    of the close ones wins is the engine's final round's job, not the strategy's."""
-    cap = int(len(SPACE) * QUICK_SHARE)
-    times = LocalSearch().run(SPACE, evaluate, Budget(max_evals=cap, seed=seed), starts=[SPACE[0]])
-    assert len(times) <= cap
-    assert min(cost(c) for c, t in times.items() if t is not None) <= 1.02 * BEST
+def busy_op(name: str, space: list[Config] = SPACE, fails: Callable[[Config], bool] = lambda c: False,
+            seconds: Callable[[Config], float] = lambda c: cost(c) * UNIT_S, **options: Any) -> Any:
+    """A tuner whose call busy-waits ``seconds(config)``; a config that ``fails`` does not build."""
+
+    def build(config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
+        if fails(config):
+            raise RuntimeError("no such kernel")
+        wait = seconds(config)
+
+        def launch(x: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
+            end = time.perf_counter() + wait
+            while time.perf_counter() < end:
+                pass
+            return x
+
+        return launch
+
+    return flyreg.autotune_builder(name, build, lambda x: {"n": int(x.shape[0])}, space, lambda spec: DEFAULT,
+                                   build_cache=BuildCache(), **{"warmup": 0, "rep": 3, **options})
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_local_search_picks_the_optimum_when_timings_are_exact(seed: int) -> None:
+def test_local_search_picks_the_optimum_with_a_fraction_of_the_evaluations(seed: int) -> None:
+    tuner = busy_op("busy_local", seed=seed)
+    report = tuner.tune(torch.zeros(1), emit=False)
     cap = int(len(SPACE) * QUICK_SHARE)
-    times = LocalSearch().run(SPACE, lambda cs: {c: cost(c) for c in cs}, Budget(max_evals=cap, seed=seed))
-    assert len(times) <= cap
-    winner = min(times, key=lambda c: times[c] or math.inf)
-    assert cost(winner) <= 1.02 * BEST
-
-
-def test_local_search_is_deterministic_for_a_seed() -> None:
-    fake = {c: cost(c) for c in SPACE}
-
-    def exact(configs: Sequence[Config]) -> dict[Config, float | None]:
-        return {c: fake[c] for c in configs}
-
-    runs = [list(LocalSearch().run(SPACE, exact, Budget(max_evals=200, seed=7))) for _ in range(2)]
-    assert runs[0] == runs[1]
-    other = list(LocalSearch().run(SPACE, exact, Budget(max_evals=200, seed=8)))
-    assert other != runs[0]
+    assert report.tried <= cap and tuner.stats.benchmarks <= cap
+    assert cost(report.winner) <= 1.02 * BEST
 
 
 def test_failed_configs_are_never_expanded_and_the_search_goes_on() -> None:
-    def some_fail(configs: Sequence[Config]) -> dict[Config, float | None]:
-        return {c: None if int(c.kwargs["A"]) % 2 else cost(c) for c in configs}
+    def odd(c: Config) -> bool:
+        return int(c.kwargs["A"]) % 2 == 1
 
-    times = LocalSearch().run(SPACE, some_fail, Budget(max_evals=300, seed=0))
-    ok = [c for c, t in times.items() if t is not None]
-    assert ok and min(cost(c) for c in ok) <= 1.02 * min(cost(c) for c in SPACE if int(c.kwargs["A"]) % 2 == 0)
+    tuner = busy_op("busy_failing", fails=odd, seed=0)
+    with pytest.warns(flyreg.FlyregWarning, match="no such kernel"):
+        report = tuner.tune(torch.zeros(1), emit=False)
+    ok = [c for c, _ in report.timings]
+    assert ok and not any(odd(c) for c in ok) and all(odd(c) for c, _ in report.failed)
+    assert cost(report.winner) <= 1.02 * min(cost(c) for c in SPACE if not odd(c))
 
 
 def test_a_time_budget_stops_the_search() -> None:
-    def slow(configs: Sequence[Config]) -> dict[Config, float | None]:
-        time.sleep(0.05)
-        return {c: cost(c) for c in configs}
-
+    tuner = busy_op("busy_budget", seconds=lambda c: 0.002, rep=1)
     start = time.monotonic()
-    times = Exhaustive(batch=16).run(SPACE, slow, Budget(seconds=0.2))
-    assert time.monotonic() - start < 2 and 0 < len(times) < len(SPACE)
+    report = tuner.tune(torch.zeros(1), emit=False, search_options={"effort": "full", "budget_s": 0.2})
+    assert time.monotonic() - start < 4 and 0 < report.tried < len(SPACE)
 
 
 def test_exhaustive_times_every_config_once() -> None:
-    seen: list[Config] = []
-
-    def count(configs: Sequence[Config]) -> dict[Config, float | None]:
-        seen.extend(configs)
-        return {c: 1.0 for c in configs}
-
-    times = Exhaustive().run(SPACE[:100], count, Budget(), starts=[SPACE[5], Config({"A": 99})])
-    assert len(seen) == len(set(seen)) == 100 and set(times) == set(SPACE[:100])
+    space = SPACE[:100]
+    tuner = busy_op("busy_exhaustive", space=space, seconds=lambda c: 0.0)
+    report = tuner.tune(torch.zeros(1), emit=False)
+    assert tuner.stats.benchmarks == len(report.timings) == 100
+    assert {c for c, _ in report.timings} == set(space)
 
 
-def test_choose_by_space_size_and_effort() -> None:
-    assert isinstance(choose(100)[0], Exhaustive)
-    strategy, cap = choose(2048)
-    assert isinstance(strategy, LocalSearch) and cap == int(2048 * QUICK_SHARE)
-    assert isinstance(choose(2048, "full")[0], Exhaustive)
-    assert isinstance(choose(100, "quick")[0], LocalSearch)
-    assert isinstance(choose(2048, preferred="exhaustive")[0], Exhaustive)
+@pytest.mark.parametrize("size, effort, strategy, tried", [
+    (100, "auto", None, 100),  # a small space: every config
+    (2048, "auto", None, int(2048 * QUICK_SHARE)),  # a large one: a local search of at most 15 %
+    (2048, "full", None, 2048),
+    (100, "quick", None, int(100 * QUICK_SHARE)),  # quick on a small space too
+    (2048, "auto", "exhaustive", 2048),  # the op prefers the exhaustive search for large spaces
+])
+def test_the_strategy_follows_the_space_size_the_effort_and_the_op(size: int, effort: str, strategy: str | None,
+                                                                    tried: int) -> None:
+    tuner = busy_op(f"busy_{size}_{effort}_{strategy}", space=SPACE[:size], seconds=lambda c: 0.0, rep=1,
+                    strategy=strategy)
+    report = tuner.tune(torch.zeros(1), emit=False, search_options={"effort": effort})
+    assert report.tried == size if tried == size else 0 < report.tried <= tried
+
+
+def test_a_space_of_the_largest_size_searched_whole_is_searched_whole() -> None:
+    tuner = busy_op("busy_limit", space=SPACE[:EXHAUSTIVE_MAX + 1], seconds=lambda c: 0.0, rep=1)
+    assert tuner.tune(torch.zeros(1), emit=False).tried < EXHAUSTIVE_MAX + 1
+    small = busy_op("busy_limit_small", space=SPACE[:EXHAUSTIVE_MAX], seconds=lambda c: 0.0, rep=1)
+    assert small.tune(torch.zeros(1), emit=False).tried == EXHAUSTIVE_MAX
+
+
+def test_a_bad_effort_or_strategy_is_a_clear_error() -> None:
+    tuner = busy_op("busy_bad", space=SPACE[:10])
     with pytest.raises(ValueError, match="effort"):
-        choose(10, "fast")
+        tuner.tune(torch.zeros(1), emit=False, search_options={"effort": "fast"})
     with pytest.raises(ValueError, match="strategy"):
-        choose(10, preferred="genetic")
-    with pytest.raises(ValueError, match="max_evals"):
-        Budget(max_evals=0)
+        tuner.tune(torch.zeros(1), emit=False, search_options={"strategy": "genetic"})
+    with pytest.raises(ValueError, match="strategy"):
+        busy_op("busy_bad_strategy", space=SPACE[:10], strategy="genetic")

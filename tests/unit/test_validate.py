@@ -1,9 +1,9 @@
-"""flyreg._artifacts.validate.check_artifacts: what ``flyreg check`` reports about a directory of artifacts."""
+"""flyreg.check_artifacts: what ``flyreg check`` reports about a directory of artifacts."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +11,14 @@ import pytest
 import torch
 
 import flyreg
-import flyreg._plugins.registry
-from flyreg import Config
-from flyreg._runtime.builder import BuildCache
-from flyreg._core.keys import DeviceIdentity, identity_of
-from flyreg._core.toolchain import fingerprint
-from flyreg._artifacts.store import artifact_filename, emit_artifact
-from flyreg._artifacts.validate import Problem, check_artifacts
+from flyreg import BuildCache, Config, DeviceIdentity, check_artifacts, hookimpl
+
+from installed import plugin as installed_plugin
+from on_disk import artifact_name, this_toolchain, write_artifact
 
 OP = "validate_sum"
-CPU = identity_of(None)
 SPEC = {"N": 2048, "dtype": "float32"}
+CHUNKS = (8, 128, 2048)
 
 
 def build(config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
@@ -40,14 +37,36 @@ def specialize(x: torch.Tensor, out: torch.Tensor) -> dict[str, Any]:
     return {"N": x.numel(), "dtype": str(x.dtype).removeprefix("torch.")}
 
 
+class ValidateSum:
+    """The op registered in this process, so ``flyreg.accepts`` asks it about configs."""
+
+    @hookimpl
+    def specialize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        return specialize(*args, **kwargs)
+
+    @hookimpl
+    def build(self, config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
+        return build(config, spec)
+
+    @hookimpl
+    def configs(self, spec: dict[str, Any]) -> list[Config]:
+        return [Config({"CHUNK": c}) for c in CHUNKS]
+
+    @hookimpl
+    def default(self, spec: dict[str, Any]) -> Config:
+        return Config({"CHUNK": 8})
+
+
 @pytest.fixture
-def tuned(isolated_dirs: dict[str, Path]) -> Path:
-    """The artifact a real search of a builder-mode tuner emits (its default, CHUNK=8, is the slowest)."""
-    tuner = flyreg.autotune_builder(OP, build, specialize, [Config({"CHUNK": c}) for c in (8, 128, 2048)],
-                                    lambda spec: Config({"CHUNK": 8}), warmup=1, rep=3, build_cache=BuildCache())
-    report = tuner.tune(torch.ones(2048), torch.zeros(()))
-    assert report.winner != Config({"CHUNK": 8})
-    return Path(report.artifact)
+def tuned(isolated_dirs: dict[str, Path]) -> Iterator[Path]:
+    """The artifact a real search of the op emits (its default, CHUNK=8, is the slowest)."""
+    flyreg.register(ValidateSum(), name=OP)
+    try:
+        report = flyreg.op(OP).tune(torch.ones(2048), torch.zeros(()))
+        assert report.winner != Config({"CHUNK": 8})
+        yield Path(str(report.artifact))
+    finally:
+        flyreg.unregister(OP)
 
 
 def edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
@@ -56,13 +75,16 @@ def edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
     path.write_text(json.dumps(data))
 
 
-def found(problems: list[Problem]) -> list[tuple[str, str, str]]:
+def found(problems: list[Any]) -> list[tuple[str, str, str]]:
     return [(p.path.name, p.severity, p.message) for p in problems]
 
 
 def test_freshly_emitted_artifacts_are_clean(tuned: Path, isolated_dirs: dict[str, Path]) -> None:
-    emit_artifact(OP, {"N": 1e20, "dtype": "a/b", "flag": True, "eps": None}, CPU, Config({"CHUNK": 8}), "0",
-                  None, None, tuned.parent)
+    odd = {"N": 1e20, "dtype": "a/b", "flag": True, "eps": None}  # values whose filename parts need care
+    other = flyreg.autotune_builder(OP, build, lambda x, out: odd, [Config({"CHUNK": 8})], warmup=0, rep=1,
+                                    build_cache=BuildCache())
+    other.tune(torch.ones(8), torch.zeros(()), out_dir=tuned.parent)
+    assert len(list(tuned.parent.glob("*.json"))) == 2
     assert check_artifacts([tuned.parent], {OP: "0"}) == []
     assert check_artifacts([tuned.parent]) == []
 
@@ -115,8 +137,8 @@ def test_unknown_op_only_when_ops_are_known(tuned: Path) -> None:
 
 
 def test_unsanitized_device_name(tuned: Path) -> None:
-    path = emit_artifact(OP, SPEC, DeviceIdentity("NVIDIA H200", "sm_90"), Config({"CHUNK": 8}), "0", None, None,
-                         tuned.parent)
+    path = write_artifact(tuned.parent, OP, SPEC, Config({"CHUNK": 8}), device=DeviceIdentity("NVIDIA H200", "sm_90"),
+                          name=artifact_name(OP, SPEC, "NVIDIA_H200"))
     problems = found(check_artifacts([tuned.parent], {OP: "0"}))
     assert [(n, s) for n, s, _ in problems] == [(path.name, "error")]
     assert "not sanitized" in problems[0][2]
@@ -133,7 +155,7 @@ def test_stale_op_version(tuned: Path) -> None:
     ((_, severity, message),) = found(check_artifacts([tuned.parent], {OP: "2"}))
     assert severity == "stale" and "op" in message
     assert check_artifacts([tuned.parent]) == []  # without the op's version only the shared toolchain is compared
-    assert json.loads(tuned.read_text())["provenance"]["toolchain"] == fingerprint("0")
+    assert json.loads(tuned.read_text())["provenance"]["toolchain"] == this_toolchain("0")
 
 
 def test_files_lookup_never_reads(tuned: Path) -> None:
@@ -157,14 +179,14 @@ def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: P
     guide = (Path(__file__).resolve().parents[2] / "docs" / "autotune_guide.md").read_text()
     block = guide.split("```json\n", 1)[1].split("```", 1)[0]
     data = json.loads(block)
-    name = artifact_filename(data["op"], data["spec"], data["device"]["name"])
+    name = artifact_name(data["op"], data["spec"], data["device"]["name"])
     assert f"`{name}`" in guide
     (tmp_path / name).write_text(block)
     # the real rmsnorm op's spec axes (backend included), and a config it takes for that spec
     from flyreg_rmsnorm.ops import SPEC_AXES
 
     assert sorted(data["spec"]) == sorted(SPEC_AXES)
-    problems = check_artifacts([tmp_path], {"rmsnorm": "2"}, accepts=flyreg._plugins.registry.accepts)
+    problems = check_artifacts([tmp_path], {"rmsnorm": "2"}, accepts=flyreg.accepts)
     assert [p.severity for p in problems] in ([], ["stale"]), problems
     shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs" / name
     if shipped.is_file():  # the example is the shipped H200 artifact of that spec
@@ -174,11 +196,9 @@ def test_guide_example_artifact_is_valid_and_named_as_the_guide_says(tmp_path: P
 
 
 def tuner_accepts(op: str, spec: dict[str, Any], config: Config) -> str | None:
-    """The runtime's own check, through a tuner of the test op (as ``flyreg check`` passes the registry's)."""
+    """The runtime's own check, through the op registered in this process (``flyreg check`` asks the same)."""
     assert op == OP
-    tuner = flyreg.autotune_builder(OP, build, specialize, [Config({"CHUNK": c}) for c in (8, 128, 2048)],
-                                    lambda spec: Config({"CHUNK": 8}), build_cache=BuildCache())
-    return tuner.space.accepts(config, spec)
+    return flyreg.accepts(op, spec, config)
 
 
 @pytest.mark.parametrize("config, words", [
@@ -219,21 +239,21 @@ def test_artifacts_of_unusable_ops_are_a_warning_not_unknown(tuned: Path, status
                                                 f"are not checked")]
     assert asked == []
     # a truly unknown op next to it is still an error
-    emit_artifact("nobody", SPEC, CPU, Config({"CHUNK": 8}), "0", None, None, tuned.parent)
+    write_artifact(tuned.parent, "nobody", SPEC, Config({"CHUNK": 8}))
     assert sorted(s for _, s, _ in found(check_artifacts([tuned.parent], {"rmsnorm": "1"},
                                                          unavailable={OP: status}))) == ["error", "warning"]
 
 
 def test_shipped_artifacts_hold_configs_the_real_op_takes() -> None:
     shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
-    problems = check_artifacts([shipped], {"rmsnorm": "1", "fused_add_rmsnorm": "1"}, accepts=flyreg._plugins.registry.accepts)
+    problems = check_artifacts([shipped], {"rmsnorm": "1", "fused_add_rmsnorm": "1"}, accepts=flyreg.accepts)
     assert {p.severity for p in problems} <= {"stale"}, problems
 
 
 def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> None:
     # The rest of the toolchain is the H200's (CI's torch differs); the op's version is the kernels'.
     shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
-    current = {op: flyreg._plugins.registry.REGISTRY.plugin(op).record.version for op in ("rmsnorm", "fused_add_rmsnorm")}
+    current = {op: flyreg.op(op).version for op in ("rmsnorm", "fused_add_rmsnorm")}
     behind = []
     for path in sorted(shipped.glob("*.json")):
         art = json.loads(path.read_text())
@@ -243,12 +263,10 @@ def test_every_shipped_artifact_was_tuned_on_the_current_version_of_its_op() -> 
 
 
 def test_the_shipped_artifacts_cover_every_gpu_workload_of_both_rmsnorm_ops() -> None:
-    from flyreg._artifacts.store import artifact_filename, canonical_spec
-
     shipped = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "flyreg_rmsnorm" / "configs"
     for op in ("rmsnorm", "fused_add_rmsnorm"):
-        workloads = flyreg._plugins.registry.REGISTRY.plugin(op).workloads("cuda")
+        workloads = installed_plugin(op).workloads("cuda")
         assert len(workloads) == 15 * 3 * 5
         missing = [w for w in workloads
-                   if not (shipped / artifact_filename(op, canonical_spec(w), "NVIDIA_H200")).is_file()]
+                   if not (shipped / artifact_name(op, w, "NVIDIA_H200")).is_file()]
         assert not missing, f"{op}: {len(missing)} GPU workloads have no shipped H200 artifact, e.g. {missing[:3]}"

@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 
 import flyreg
-from flyreg._search import steady
 
 from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
@@ -85,7 +84,11 @@ def time_ms(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
     est = max(time.perf_counter() - t0, 1e-6) * 1e3
     calls = max(1, min(200, math.ceil(REPLAY_MS / est)))
     try:
-        return steady.median_ms([fn], calls, reps), "graph"
+        def body() -> None:
+            for _ in range(calls):
+                fn()
+
+        return flyreg.do_bench(body, 1, reps, device="cuda", cuda_graph=True).median / calls, "graph"
     except Exception:  # not capturable: eager calls timed with events
         return statistics.median(flyreg.do_bench(fn, warmup=2, rep=reps, device="cuda").times), "eager"
 

@@ -2,7 +2,7 @@
 
     python benchmarks/rmsnorm_kernel_probe.py [--shapes 32768x8192 4096x12288 ...] [--tiles] [--offsets]
 
-For each bf16 shape it times, in steady state (``flyreg._search.steady``: rotating input sets in one
+For each bf16 shape it times, in steady state (``rmsnorm_bandwidth.steady_ms``: rotating input sets in one
 CUDA graph), the plugin's kernel over whole-row tiles (rows per program x warps) and chunked rows
 (1024, 2048 or 4096 columns x warps, one stage, and 2048 x 16 warps x 3 stages), an in-shape
 ``copy_``, ``torch.compile`` of ``rms_norm`` and ``flyreg.op("rmsnorm")`` as served, and prints

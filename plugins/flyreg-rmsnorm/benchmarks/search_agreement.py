@@ -1,18 +1,17 @@
 """Does a search rank RMSNorm configs as the bandwidth benchmark does? Its regret, shape by shape.
 
-    python benchmarks/search_agreement.py [--shapes 4096x3584 4096x7168 ...] [--searches 2] [--target-ms 0.25]
-        [--rotate-mb 128] [--shared-weight]
+    python benchmarks/search_agreement.py [--shapes 4096x3584 4096x7168 ...] [--searches 2] [--tie-band 0.005]
+        [--shared-weight]
 
 For each bf16 shape it runs ``--searches`` forced searches of ``rmsnorm`` (the tuner as
 configured: steady timing, its tie band), then times every candidate the way
 ``rmsnorm_bandwidth.py`` does (512 MB of rotating inputs with a weight copy each, 50 calls a
 replay or 200 at 16 MB or less, median of ``--reps`` replays). It prints each candidate's search time(s) and benchmark time, and the
 regret of each search: the benchmark time of the config it picked over the best benchmark time.
-``--target-ms`` sets the search's device time per replay (``flyreg._search.steady.TARGET_MS``);
-``--tie-band`` the tuner's tie band; ``--rotate-mb`` the bytes its inputs rotate through
-(default: twice the device's L2 rounded up to a power of two, ``flyreg._core.device_facts.rotate_bytes``;
-for the searches only); ``--shared-weight`` times the benchmark side with one weight for every call, as
-``rmsnorm_bandwidth.py`` did before session 6.
+``--tie-band`` sets the searching tuner's tie band (a tuner of the plugin's hooks and record, as the
+registry builds one); ``--shared-weight`` times the benchmark side with one weight for every call, as
+``rmsnorm_bandwidth.py`` did before session 6. (Session 6 also varied the search's replay length and
+rotation bytes, flyreg internals this script no longer reaches.)
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import attrs
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,35 +34,26 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxN, bf16")
     ap.add_argument("--searches", type=int, default=2)
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--target-ms", type=float, default=None)
     ap.add_argument("--tie-band", type=float, default=None)
-    ap.add_argument("--rotate-mb", type=int, default=None,
-                    help="bytes (MiB) the search's inputs rotate through (default: twice the device's L2)")
     ap.add_argument("--shared-weight", action="store_true",
                     help="time the benchmark side with one weight for every call, not a copy per set")
     args = ap.parse_args()
     import flyreg
-    from flyreg._search import steady
     from flyreg import Config
-    from flyreg._plugins.registry import REGISTRY
+    from flyreg_rmsnorm.ops import rmsnorm as plugin  # the op's plugin object, as its entry point names it
 
-    if args.target_ms is not None:
-        steady.TARGET_MS = args.target_ms
-    rotate = steady.rotate_bytes() if args.rotate_mb is None else args.rotate_mb << 20
-    plugin = REGISTRY.plugin("rmsnorm")
+    record = plugin.describe()
     for shape in args.shapes:
         M, N = (int(v) for v in shape.lower().split("x"))
         xs, _, w = rotating_inputs(M, N, torch.bfloat16)
         ws = weight_copies(w, len(xs), args.shared_weight)
         tuner = flyreg.op("rmsnorm")
         if args.tie_band is not None:
-            tuner.settings = attrs.evolve(tuner.settings, tie_band=args.tie_band)
-        # The search's rotation only: the benchmark side keeps its own.
-        kept, steady.rotate_bytes = steady.rotate_bytes, lambda device="cuda": rotate
-        try:
-            reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
-        finally:
-            steady.rotate_bytes = kept
+            tuner = flyreg.autotune_builder(
+                "rmsnorm", plugin.build, lambda *a, **k: plugin.specialize(a, k), plugin.configs, plugin.default,
+                structural=record.structural, arg_names=record.arg_names, reference=plugin.reference,
+                timing=record.timing, tie_band=args.tie_band)
+        reports = [tuner.tune(xs[0], w, EPS, emit=False) for _ in range(args.searches)]
         spec = plugin.specialize((xs[0], w), {})
         default = plugin.default(spec)
         bench: dict[Config, float] = {}

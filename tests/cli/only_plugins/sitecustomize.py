@@ -30,13 +30,17 @@ def canonical(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
+#: ``importlib.metadata.entry_points`` as it was before any restriction.
+_EVERY: Callable[..., Any] = importlib.metadata.entry_points
+
+
 def restrict_plugins(dists: Iterable[str]) -> None:
-    """From now on, ``flyreg.ops`` entry points come only from the distributions ``dists``."""
+    """From now on, ``flyreg.ops`` entry points come only from the distributions ``dists`` (in place of any
+    earlier restriction)."""
     allowed = {canonical(d) for d in dists}
-    every: Callable[..., Any] = importlib.metadata.entry_points
 
     def entry_points(**params: Any) -> Any:
-        found = every(**params)
+        found = _EVERY(**params)
         if params.get("group") != GROUP:
             return found
         return [ep for ep in found if ep.dist is not None and canonical(ep.dist.name) in allowed]
