@@ -76,6 +76,8 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
 
         if from_record is not None:
             raise click.UsageError("--from-record is not supported with --ray")
+        if isolate:
+            raise click.UsageError("--isolate is not supported with --ray: each actor runs its candidates itself")
         if device is not None and device not in ("cpu", "cuda"):
             raise click.BadParameter("with --ray, cpu or cuda: Ray gives each actor its GPU", param_hint="--device")
         request = Request(names, specs, where, artifact_dir(out, create=not dry_run), force, options)

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ray_harness import Flyreg
+from ray_harness import Flyreg, needs_ray, ray_env
 
 #: ``python -m flyreg ARGV`` in an interpreter where ``import ray`` fails as if Ray were not installed;
 #: prints whether ``ray`` was imported, on stderr, as it ends.
@@ -45,3 +45,12 @@ def test_a_local_tune_works_without_ray_and_imports_none(tmp_path: Path) -> None
     again = flyreg(run, False, "tune", "rmsnorm", "--device", "cpu", "--dry-run")
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stderr.splitlines()[-1] == "ray imported: False"  # installed or not, only --ray imports it
+
+
+def test_ray_refuses_isolate_in_one_line_before_starting_ray(tmp_path: Path) -> None:
+    needs_ray()
+    run = Flyreg(tmp_path, {}, **ray_env(tmp_path / "ray", "unused"))  # loopback, were Ray started
+    proc = flyreg(run, False, "tune", "rmsnorm", "--device", "cpu", "--dry-run", "--isolate", "--ray")
+    assert proc.returncode == 2, proc.stderr
+    assert "--isolate is not supported with --ray" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.splitlines()[-1] == "ray imported: False"
