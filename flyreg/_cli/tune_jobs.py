@@ -78,9 +78,9 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
     interrupted: int | None = None
     builds0, start = BUILD_CACHE.builds, time.perf_counter()
     options = options if options is not None else {"resume": True}
-    with sigterm_as_interrupt() as signals, Isolation() as isolation:
-        try:
-            with progress_bar(len(todo)) as bar:
+    with sigterm_as_interrupt() as signals:
+        try:  # an interruption reaches the Isolation, which then ends its compiles at once (one may hang)
+            with Isolation() as isolation, progress_bar(len(todo)) as bar:
                 for job in todo:
                     bar.show(job.op, job.spec)
                     t0 = time.perf_counter()
