@@ -17,7 +17,8 @@ from test_cli import Flyreg, artifacts, table_rows
 #: An op whose configs sleep K ms per call (so K=1 is the fastest correct one), and whose MODE
 #: "abort" aborts the process running its launch, "hang" never returns, "bad_build" aborts the
 #: process building it (FRAGILE_BAD_BUILD=abort) or never returns from its build (=hang), and
-#: "wrong" returns a wrong result. Every launch notes "MODE PID PPID" in FRAGILE_LOG.
+#: "wrong" returns a wrong result. Every launch notes "MODE PID PPID" in FRAGILE_LOG, a hanging build its
+#: PID in FRAGILE_BUILD_LOG (when set).
 FRAGILE_MODULE = '''
 import os
 import time
@@ -40,6 +41,9 @@ def build(config, spec):
     if mode == "bad_build":
         if os.environ["FRAGILE_BAD_BUILD"] == "abort":
             os.abort()
+        if "FRAGILE_BUILD_LOG" in os.environ:
+            with open(os.environ["FRAGILE_BUILD_LOG"], "a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()}\\n")
         time.sleep(3600)
 
     def launch(x):
@@ -184,70 +188,18 @@ def test_a_hung_worker_ends_when_its_tune_is_killed(tmp_path: Path) -> None:
     assert not _running(worker)
 
 
-#: An op whose config MODE=hang never returns from its build, after noting "building PID" in STUCK_LOG.
-STUCK_MODULE = '''
-import os
-import time
-
-import torch
-
-from flyreg import Config, OpRecord, hookimpl
-
-
-@hookimpl
-def specialize(args, kwargs):
-    return {"n": int(args[0].shape[0])}
-
-
-@hookimpl
-def build(config, spec):
-    if config.kwargs["MODE"] == "hang":
-        with open(os.environ["STUCK_LOG"], "a", encoding="utf-8") as f:
-            f.write(f"building {os.getpid()}\\n")
-        time.sleep(3600)
-    return lambda x: x * 2
-
-
-@hookimpl
-def configs(spec):
-    return [Config({"MODE": "ok"}), Config({"MODE": "hang"})]
-
-
-@hookimpl
-def default(spec):
-    return Config({"MODE": "ok"})
-
-
-@hookimpl
-def make_inputs(spec, device):
-    return (torch.randn(spec["n"], device=device),), {}
-
-
-@hookimpl
-def reference(args, kwargs):
-    return args[0] * 2
-
-
-@hookimpl
-def describe():
-    return OpRecord(description="a build that never returns", version="1", structural=["MODE"])
-'''
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_ctrl_c_during_a_hung_compile_stops_the_tune_and_its_compile(tmp_path: Path) -> None:
-    site = fake_distribution(tmp_path / "site", "stuck-ops", "[flyreg.ops]\nstuck = stuck_ops\n",
-                             {"stuck_ops/__init__.py": STUCK_MODULE})
+    run, _ = fragile_env(tmp_path, "hang")
     log = tmp_path / "builds.log"
-    run = Flyreg(tmp_path / "run", {"stuck-ops": site}, STUCK_LOG=str(log), FLYREG_CANDIDATE_TIMEOUT="600",
-                 FLYREG_COMPILE_WORKERS="1")
-    proc = run.popen("tune", "stuck", "--spec", "n=16", "--device", "cpu", "--isolate")
+    proc = run.popen("tune", "fragile", "--spec", "n=16", "--device", "cpu", "--isolate",
+                     FLYREG_CANDIDATE_TIMEOUT="600", FRAGILE_BUILD_LOG=str(log))
     try:
         deadline = time.monotonic() + 300
         while not (log.exists() and log.read_text()) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert log.exists() and log.read_text(), proc.communicate()
-        compiling = int(log.read_text().split()[1])
+        compiling = int(log.read_text().split()[0])
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
