@@ -92,7 +92,10 @@ def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...]) -> None:
         return
     conn.send(("ready", getattr(measure, "info", None)))
     while True:
-        message = conn.recv()
+        try:
+            message = conn.recv()
+        except EOFError:  # the caller closed its end: it stopped, or is gone
+            return
         if message is None:
             return
         config, options = message
