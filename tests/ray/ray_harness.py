@@ -60,7 +60,8 @@ class Flyreg:
 
 
 def needs_ray() -> None:
-    if importlib.util.find_spec("ray") is None:
+    spec = importlib.util.find_spec("ray")
+    if spec is None or spec.origin is None:  # no origin: this directory, found as a namespace package
         pytest.skip("Ray is not installed (pip install 'flyreg[ray]')")
 
 

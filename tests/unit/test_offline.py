@@ -7,6 +7,7 @@ and a served artifact is told apart from the default.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -630,7 +631,11 @@ def test_emitted_specs_find_themselves_and_only_themselves(op: str, spec: dict[s
     same = canonical(other) == canonical(spec)
     event("other spec is the same" if same else "other spec differs")
     elsewhere = tmp_path / f"other{next(EXAMPLES)}"
-    assert (write_artifact(elsewhere, Config({"CHUNK": 256}), other, op=op).name == path.name) == same
+    try:
+        assert (write_artifact(elsewhere, Config({"CHUNK": 256}), other, op=op).name == path.name) == same
+    except OSError as e:  # a name (with its writer's temp suffix) past the file system's limit: not this test's
+        assert errno.ENAMETOOLONG in (e.errno, getattr(e.__cause__, "errno", None)), e
+        event("the other spec's name is too long to write")
     with warnings.catch_warnings():
         warnings.simplefilter("error", FlyregWarning)
         assert (lookup(other) == hit) == same
