@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -76,8 +77,22 @@ def _file_mode() -> int:
     return 0o666 & ~_umask
 
 
+#: Bytes of a target's name kept in its temp file's name: the pid, the random part and ``.tmp`` then
+#: still fit a file name of 255 bytes.
+_TEMP_STEM_BYTES = 200
+
+
+def _temp_stem(name: str) -> str:
+    """The target's name as its temp files carry it: whole, or cut with a hash of the whole when long."""
+    raw = name.encode("utf-8", "surrogatepass")
+    if len(raw) <= _TEMP_STEM_BYTES:
+        return name
+    head = raw[:_TEMP_STEM_BYTES - 17].decode("utf-8", "ignore")
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
 def _temp_prefix(name: str) -> str:
-    return f".{name}."
+    return f".{_temp_stem(name)}."
 
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
@@ -109,7 +124,7 @@ def remove_abandoned_temps(directory: Path, name: str | None = None,
         return removed
     for path in candidates:
         m = _TEMP.match(path.name)
-        if m is None or (name is not None and m["name"] != name):
+        if m is None or (name is not None and m["name"] != _temp_stem(name)):
             continue
         try:
             info = path.lstat()

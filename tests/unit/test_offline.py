@@ -661,3 +661,22 @@ def test_config_value_outside_the_ops_space_is_not_served(isolated_dirs: dict[st
     with pytest.warns(FlyregWarning, match="rejected"):
         res = make_tuner().resolve_spec(SPEC)
     assert (res.source, res.config) == ("default", DEFAULT)
+
+
+@pytest.mark.parametrize("name_bytes", [240, 255])
+def test_a_long_artifact_name_that_fits_is_written_and_served(name_bytes: int, isolated_dirs: dict[str, Path]) -> None:
+    # The temp file a write goes through carries the target's name plus the pid and a random part:
+    # a name near the file-name limit must not make that temp name too long.
+    base = artifact_name(OP, {**SPEC, "tag": "t"}, CPU.name)
+    tag = "t" * (name_bytes - len(base.encode()) + 1)
+
+    def tagged(x: torch.Tensor, out: torch.Tensor) -> dict[str, Any]:
+        return {**specialize(x, out), "tag": tag}
+
+    tuner = make_tuner(specialize_fn=tagged)
+    tuner.tune(*inputs())
+    path = Path(next(iter(tuner.reports.values())).artifact)
+    assert len(path.name.encode()) == name_bytes
+    assert os.listdir(isolated_dirs["configs"]) == [path.name]  # no temp file left behind
+    assert json.loads(path.read_text())["spec"]["tag"] == tag
+    assert check_artifacts([isolated_dirs["configs"]]) == []  # named by its content, as lookup reads it
