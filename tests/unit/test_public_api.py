@@ -52,7 +52,6 @@ EXCEPTIONS = {
 NOT_YET_CONVERTED = {
     "tests/unit/test_steady.py",
     "tests/kernels/test_steady_gpu.py",
-    "tests/unit/test_isolate.py",
     "tests/serving/test_cuda_graphs.py",
 }
 INTERNAL = re.compile(r"\bflyreg\._[A-Za-z]|\bfrom\s+flyreg\s+import\s+(?:\(\s*)?(?:[\w\s,]*,\s*)?_[A-Za-z]")
