@@ -117,18 +117,18 @@ def test_a_raising_config_keeps_its_worker_and_an_abort_or_a_hang_replaces_it(tm
 
 
 def test_the_time_limit_adapts_to_the_configs_already_timed(tmp_path: Path) -> None:
-    # The least limit is 0.5 s; the fast configs take about a second together, so a config hanging after them
-    # gets 20 times the slowest of them: more than the least, far less than the 600 s of the first config.
-    run, log = workers_env(tmp_path, "ok:20,ok:10,slow:60,ok:5", "0.5")
+    # The least limit is 0.5 s. Each fast config takes more than 0.05 s of sleeps in its worker, so a config
+    # hanging after them gets 20 times the slowest: over the least limit, far under the first config's 600 s.
+    run, log = workers_env(tmp_path, "ok:8,ok:4,slow:60,ok:1", "0.5")
     proc = tune(run)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
 
     errors = journal_errors(run)
-    assert errors["ok20"] is None and errors["ok10"] is None and errors["ok5"] is None
+    assert errors["ok8"] is None and errors["ok4"] is None and errors["ok1"] is None
     limit = re.fullmatch(r"timed out after ([\d.e+]+) s \(worker replaced\)", str(errors["slow60"]))
     assert limit, errors["slow60"]
     assert 0.5 < float(limit.group(1)) < 30
-    assert table_rows(proc.stdout)[0][2] == "K=5 MODE=ok"
+    assert table_rows(proc.stdout)[0][2] == "K=1 MODE=ok"
     assert [mode for mode, *_ in launches(log)].count("slow") == 1  # killed in its first call
 
 
