@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from flyreg._artifacts.names import canonical_spec, spec_text
@@ -75,15 +74,3 @@ def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: di
     except Exception as e:  # the config's failure, reported by the search
         return f"{type(e).__name__}: {e}"
     return None
-
-
-def op_config_timer(op: str, spec: dict[str, JSONScalar], device: str) -> Callable[[Config], float]:
-    """``time(config) -> ms`` for ``op`` on ``spec``: the inputs are made once, each config is checked
-    and timed as a search would (see :func:`flyreg._search.isolate.WorkerEvaluator`)."""
-    tuner = registry.REGISTRY.tuner(op)
-    args, kwargs = registry.REGISTRY.plugin(op).make_inputs(spec, device)
-
-    def time_config(config: Config) -> float:
-        return tuner.time_config(config, *args, **kwargs)
-
-    return time_config
