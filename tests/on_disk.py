@@ -140,9 +140,9 @@ def elsewhere_cache() -> Iterator[None]:
 
 
 def emit(directory: str | os.PathLike[str], op: str, spec: Mapping[str, Any], config: Config,
-         op_version: str = "0") -> Path:
-    """The artifact of ``config`` for ``(op, spec)`` on this machine, written into ``directory`` by a real search
-    (of that one config) as any emission writes it; the search leaves no scratch-cache entry behind."""
+         op_version: str = "0", device: str = "cpu") -> Path:
+    """The artifact of ``config`` for ``(op, spec)`` on this machine's ``device``, written into ``directory`` by a
+    real search (of that one config) as any emission writes it; the search leaves no scratch-cache entry behind."""
     import torch
 
     import flyreg
@@ -150,7 +150,7 @@ def emit(directory: str | os.PathLike[str], op: str, spec: Mapping[str, Any], co
     with elsewhere_cache():
         tuner = flyreg.autotune_builder(op, lambda c, s: (lambda x: x), lambda x: dict(spec), [config],
                                         version=op_version, build_cache=flyreg.BuildCache(), warmup=0, rep=1)
-        return Path(str(tuner.tune(torch.zeros(1), out_dir=directory).artifact))
+        return Path(str(tuner.tune(torch.zeros(1, device=device), out_dir=directory).artifact))
 
 
 @functools.cache

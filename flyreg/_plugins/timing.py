@@ -7,6 +7,8 @@ import contextlib
 import warnings
 from typing import Any
 
+import torch
+
 from flyreg._artifacts.names import canonical_spec, spec_text
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
@@ -16,6 +18,7 @@ from flyreg._runtime.tuner import Autotuner, call_of
 from flyreg._search.candidates import Measured
 from flyreg._search.engine import Call
 from flyreg._search.in_process import evaluating
+from flyreg._search.isolate import WorkerUnusable
 
 #: The call made last in this process, by (op, spec text, device): a worker serves one spec at a time.
 _made: dict[tuple[str, str, str], tuple[Autotuner, CallKey, Call, dict[str, JSONScalar]]] = {}
@@ -51,6 +54,7 @@ class OpBench:
         warnings.simplefilter("ignore", FlyregWarning)  # the tune reports each failure itself
         tuner, ck, call, tuned = _op_call(op, spec, device)
         self.info = {"spec": ck.spec, "pkey": ck.pkey, "tuned": tuned}
+        self._cuda = torch.device(device).type == "cuda"
 
         def build(config: Config) -> object:
             return tuner.build_cache.get(tuner.name, config, ck.spec, tuner.structural, tuner.build)
@@ -61,7 +65,19 @@ class OpBench:
             TunerStats(), None))
 
     def __call__(self, config: Config, **options: Any) -> Measured:
-        return self._evaluate.measure(config, **options)
+        measured = self._evaluate.measure(config, **options)
+        if measured.result is None and self._cuda and not _cuda_usable():
+            raise WorkerUnusable(f"{measured.error} (it left the worker's CUDA context unusable)")
+        return measured
+
+
+def _cuda_usable() -> bool:
+    """False once a CUDA error (an illegal memory access, a device-side assert) has poisoned this process's context."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return False
+    return True
 
 
 def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: dict[str, JSONScalar]) -> str | None:

@@ -2,9 +2,9 @@
 
 :class:`WorkerEvaluator` starts one worker (``multiprocessing``, spawn: a fresh interpreter with
 no inherited CUDA context) that builds its own measuring function from a picklable factory, then
-measures one config at a time. A worker that dies (an illegal memory access, an abort) or runs
-past the time limit fails that config with the reason and is replaced; the next config gets a
-fresh worker. The limit adapts (:class:`AdaptiveLimit`): a generous one while a worker starts
+measures one config at a time. A worker that dies (an abort), is left unusable (an illegal memory
+access poisons its CUDA context: :class:`WorkerUnusable`) or runs past the time limit fails that
+config with the reason and is replaced; the next config gets a fresh worker. The limit adapts (:class:`AdaptiveLimit`): a generous one while a worker starts
 (imports, inputs, first compiles), then ``factor`` times the slowest config finished so far, at
 least ``min_seconds``. Workers ignore SIGINT (Ctrl-C stops the caller, which stops them) and end
 when the caller dies, even by ``kill -9`` (:func:`worker_setup`).
@@ -33,6 +33,11 @@ Factory = Callable[..., Callable[..., Any]]
 
 class IsolationError(RuntimeError):
     """The worker could not even set up (its factory raised): no config can be timed."""
+
+
+class WorkerUnusable(Exception):
+    """Raised by ``measure`` when its config left the worker able to measure nothing more (a CUDA error
+    poisons the process's context): that config fails with this message and the worker is replaced."""
 
 
 @attrs.frozen
@@ -101,6 +106,9 @@ def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...]) -> None:
         config, options = message
         try:
             conn.send(("ok", measure(Config.from_json(config), **options)))
+        except WorkerUnusable as e:
+            conn.send(("unusable", str(e)))
+            return
         except Exception as e:  # a failing config is reported, the worker goes on
             conn.send(("failed", f"{type(e).__name__}: {e}"))
 
@@ -195,6 +203,9 @@ class WorkerEvaluator:
         if kind == "ok":
             self.limits.add(time.monotonic() - start)
             return Outcome(config, value, None)
+        if kind == "unusable":
+            self._kill()
+            return Outcome(config, None, f"{value}; worker replaced")
         return Outcome(config, None, str(value))
 
     def _kill(self) -> int | None:

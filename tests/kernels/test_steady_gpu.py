@@ -1,64 +1,164 @@
-"""Steady-state timing on a real GPU: rotation past the L2, graph replays, the flushed fallback (marker ``gpu``)."""
+"""Steady-state timing on a real GPU, seen through a search (marker ``gpu``): the input copies a search
+times on keep the call's layout and rotate past the L2, time follows the bytes read from HBM, prepared
+sets run once a replay, candidates share one replay length, and a search falls back to flushed timing."""
 
 from __future__ import annotations
 
 import warnings
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 from flyreg import Config, autotune_builder
-from flyreg._core.device_facts import rotate_bytes
-from flyreg._search import steady
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+#: Most input sets a search rotates through (docs/autotune_guide.md).
+MAX_SETS = 64
 
-def _sets(x: torch.Tensor, prepared: bool = False) -> list[steady.InputSet]:
-    n = steady.set_count(x.untyped_storage().nbytes(), prepared)
-    return [steady.InputSet((x,), {}, {})] + [steady.copy_inputs((x,), {}) for _ in range(n - 1)]
+Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def _clone(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0].clone()
+def tuned_calls(name: str, *args: Any, launch: Callable[..., torch.Tensor] | None = None,
+                **options: Any) -> list[Call]:
+    """The arguments of every launch a steady-state search of an op made: two configs of the same
+    ``launch`` (default: a copy of the first argument), tuned on ``args``."""
+    seen: list[Call] = []
+
+    def build(config: Config, spec: dict) -> Callable[..., torch.Tensor]:
+        def recorded(*call_args: Any, **call_kwargs: Any) -> torch.Tensor:
+            seen.append((call_args, call_kwargs))
+            return launch(*call_args) if launch is not None else call_args[0].clone()
+        return recorded
+
+    tuner = autotune_builder(name, build, lambda *a, **k: {"n": 1}, [Config({"K": 1}), Config({"K": 2})],
+                             **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuner.tune(*args, emit=False)
+    assert not fell_back(caught)  # flushed timing would time no copies
+    return seen
+
+
+def fell_back(caught: list[warnings.WarningMessage]) -> bool:
+    return any("cannot be timed in a CUDA graph" in str(w.message) for w in caught)
+
+
+def input_sets(seen: list[Call]) -> list[tuple[Any, ...]]:
+    """The distinct argument sets the launches got, told apart by the first tensor's address."""
+    sets: dict[int, tuple[Any, ...]] = {}
+    for args, _ in seen:
+        sets.setdefault(args[0].data_ptr(), args)
+    return list(sets.values())
+
+
+def copies(seen: list[Call], own: torch.Tensor) -> list[tuple[Any, ...]]:
+    """The argument sets other than the call's own (whose first argument is ``own``)."""
+    found = [s for s in input_sets(seen) if s[0].data_ptr() != own.data_ptr()]
+    assert found, "the search timed no copy of the inputs"
+    return found
+
+
+def rotate_bytes() -> int:
+    """Twice the L2 the device reports, rounded up to a power of two."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return 1 << (2 * l2 - 1).bit_length()
+
+
+def test_copies_are_new_memory_with_equal_values_and_the_calls_own_set_is_one_of_them() -> None:
+    x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, device="cuda")
+    seen = tuned_calls("steady_copies_probe", x, w, 1e-6)
+    assert any(args[0] is x and args[1] is w for args, _ in seen)
+    for cx, cw, eps in copies(seen, x):
+        assert eps == 1e-6
+        assert torch.equal(cx, x) and torch.equal(cw, w)
+        assert cx.data_ptr() != x.data_ptr() and cw.data_ptr() != w.data_ptr()
+        cx.add_(1.0)
+        assert not torch.equal(cx, x)  # writing a copy leaves the call's tensor alone
+
+
+def test_a_strided_slice_keeps_its_offset_and_strides() -> None:
+    base = torch.randn(6, 32, device="cuda")
+    x = base[1:5, 8:24]  # offset 40, row stride 32
+    for (c,) in copies(tuned_calls("steady_slice_probe", x), x):
+        assert c.shape == x.shape and c.stride() == x.stride() and c.storage_offset() == x.storage_offset()
+        assert torch.equal(c, x)
+
+
+def test_views_of_one_storage_stay_views_of_one_copy() -> None:
+    buf = torch.randn(4, 8, device="cuda")
+    x, r = buf[:, :4], buf[:, 4:]
+    for cx, cr, cbuf in copies(tuned_calls("steady_views_probe", x, r, buf), x):
+        assert cx.untyped_storage().data_ptr() == cr.untyped_storage().data_ptr() == cbuf.untyped_storage().data_ptr()
+        assert cbuf.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+        cbuf.zero_()
+        assert not cx.any() and not cr.any()  # an in-place kernel writing one sees it through the other
+    assert buf.abs().sum() > 0
+
+
+def test_the_same_tensor_twice_is_one_copy() -> None:
+    x = torch.randn(5, device="cuda")
+    for a, (b, d) in copies(tuned_calls("steady_twice_probe", x, [x, {"again": x}]), x):
+        assert a is b is d["again"]
+
+
+def test_an_expanded_tensor_is_copied_as_its_storage() -> None:
+    w = torch.randn(16, device="cuda").expand(4, 16)  # stride 0: one row of storage
+    for (c,) in copies(tuned_calls("steady_expanded_probe", w), w):
+        assert c.stride() == (0, 1) and torch.equal(c, w)
+
+
+def test_the_sets_rotate_past_the_l2() -> None:
+    mb = 1 << 20
+    x = torch.randn(8 * mb // 4, device="cuda")
+    assert len(input_sets(tuned_calls("steady_rotate_probe", x))) == min(MAX_SETS, rotate_bytes() // (8 * mb))
+    small = torch.randn(128, device="cuda")  # 512 bytes: as many sets as allowed
+    assert len(input_sets(tuned_calls("steady_rotate_small_probe", small))) == MAX_SETS
+    big = torch.randn(rotate_bytes() // 4, device="cuda")  # past the L2 on its own: no copy
+    assert len(input_sets(tuned_calls("steady_rotate_big_probe", big))) == 1
+
+
+def test_a_slice_rotates_by_its_own_bytes_and_its_storage_copies_fit_the_budget() -> None:
+    mb = 1 << 20
+    base = torch.randn(900 * mb // 4, device="cuda")  # 900 MiB: one copy fits the 1 GiB copy budget, two do not
+    x = base[: 4 * mb // 4]  # a 4 MiB view: 32 sets would rotate it past the L2
+    sets = input_sets(tuned_calls("steady_slice_budget_probe", x))
+    assert len(sets) == 2
+    (c,) = [s[0] for s in sets if s[0].data_ptr() != x.data_ptr()]
+    assert c.untyped_storage().nbytes() == base.untyped_storage().nbytes() and torch.equal(c, x)
+    huge = torch.randn(1536 * mb // 4, device="cuda")  # over the budget on its own: never copied
+    assert len(input_sets(tuned_calls("steady_over_budget_probe", huge[: 4 * mb // 4]))) == 1
 
 
 def test_time_follows_the_bytes_past_the_l2() -> None:
-    small = torch.randn(1 << 24, device="cuda")  # 64 MB
-    big = torch.randn(1 << 26, device="cuda")  # 256 MB
-    t_small = steady.bench_steady(_clone, _sets(small), 3, 10).median
-    t_big = steady.bench_steady(_clone, _sets(big), 3, 10).median
+    def clone_ms(n: int, name: str) -> float:
+        x = torch.randn(n, device="cuda")
+        tuner = autotune_builder(name, lambda config, spec: (lambda x: x.clone()), lambda x: {"n": x.numel()},
+                                 [Config({"K": 1}), Config({"K": 2})])
+        return tuner.tune(x, emit=False).winner_ms
+
+    t_small = clone_ms(1 << 24, "steady_bytes_small_probe")  # 64 MB
+    t_big = clone_ms(1 << 26, "steady_bytes_big_probe")  # 256 MB
     assert 3.0 < t_big / t_small < 5.5  # 4x the bytes, both from HBM
 
 
-def test_rotation_keeps_inputs_out_of_the_l2() -> None:
-    x = torch.randn(1 << 20, device="cuda")  # 4 MB: fits the L2 many times over
-    rotated = _sets(x)
-    assert len(rotated) * 4 * (1 << 20) >= rotate_bytes()
-    t_rotated = steady.bench_steady(_clone, rotated, 3, 20).median
-    t_resident = steady.bench_steady(_clone, rotated[:1], 3, 20).median
-    assert t_rotated > 1.05 * t_resident  # its L2-resident input is read faster (1.13x on the H200, 2026-12-01)
-
-
-def test_prepared_replays_see_prepared_inputs() -> None:
+def test_prepared_sets_run_once_a_replay_on_prepared_inputs() -> None:
     acc = torch.zeros(1 << 16, device="cuda")
-    sets = _sets(acc, prepared=True)
-    seen = []
 
-    def bump(args: tuple, kwargs: dict) -> torch.Tensor:
-        out = args[0].clone()
-        args[0].add_(1.0)
+    def bump(acc: torch.Tensor) -> torch.Tensor:
+        out = acc.clone()
+        acc.add_(1.0)
         return out
 
-    def prepare(s: steady.InputSet) -> None:
-        s[acc].zero_()
-        seen.append(s)
-
-    steady.bench_steady(bump, sets, 2, 5, prepare)
-    assert {id(s) for s in seen} == {id(s) for s in sets}  # every set, before every replay
-    for s in sets:
-        assert torch.all(s[acc] == 1.0)  # each set ran exactly once since its last prepare
+    seen = tuned_calls("steady_prepared_probe", acc, launch=bump, arg_names=["acc"], reset_to_zero=["acc"])
+    assert len(input_sets(seen)) == MAX_SETS  # each set runs once a replay: as many as allowed
+    sets = copies(seen, acc)
+    for (c,) in sets:
+        assert torch.all(c == 1.0)  # zeroed before the last replay, then run exactly once in it
+    assert not acc.any()  # the call's own tensor is zeroed again after the search
 
 
 def test_search_falls_back_to_flushed_timing_when_capture_fails() -> None:
@@ -78,44 +178,18 @@ def test_search_falls_back_to_flushed_timing_when_capture_fails() -> None:
         warnings.simplefilter("always")
         report = tuner.tune(x, emit=False)
     assert torch.cuda.current_stream() == before  # the failed capture did not leave its stream current
-    assert any("cannot be timed in a CUDA graph" in str(w.message) for w in caught)
+    assert fell_back(caught)
     assert len(report.timings) == 2 and not report.failed
     assert torch.randn(4, device="cuda").isfinite().all()  # the failed capture left torch's RNG usable
 
 
-def test_a_given_replay_length_is_the_one_replayed() -> None:
+def test_every_candidate_of_a_round_is_replayed_at_one_length() -> None:
     x = torch.randn(1 << 16, device="cuda")
-    sets = _sets(x)
-    calls: list[int] = []
-
-    def counted(args: tuple, kwargs: dict) -> torch.Tensor:
-        calls.append(1)
-        return args[0].clone()
-
-    steady.bench_steady(counted, sets, 1, 2, scale=3, count=2 * len(sets))
-    assert len(calls) == 1 + 2 * (3 * 2 * len(sets))  # one warm call, then a side-stream run and the capture
-    assert steady.per_call_ms(counted, sets) > 0
-
-
-def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyreg._search import timers as search
-
-    x = torch.randn(1 << 16, device="cuda")
-    seen: list[tuple[int, int | None]] = []
-    real = search.bench_steady
-
-    def spy(call: Any, sets: Any, warmup: int, rep: int, prepare: Any = None, scale: int = 1,
-            count: int | None = None) -> Any:
-        seen.append((scale, count))
-        return real(call, sets, warmup, rep, prepare, scale, count)
-
-    monkeypatch.setattr(search, "bench_steady", spy)
-    sized: list[int] = []
-    real_size = search.replay_length
-    monkeypatch.setattr(search, "replay_length", lambda call, sets: sized.append(1) or real_size(call, sets))
+    calls: Counter[int] = Counter()
 
     def build(config: Config, spec: dict) -> Any:
         def launch(x: torch.Tensor) -> torch.Tensor:
+            calls[config.kwargs["K"]] += 1
             for _ in range(config.kwargs["K"]):  # eager calls of very different lengths
                 x = x * 1.0
             return x
@@ -123,18 +197,12 @@ def test_every_candidate_of_a_search_shares_one_replay_length(monkeypatch: pytes
 
     tuner = autotune_builder("shared_replay_probe", build, lambda x: {"n": x.numel()},
                              [Config({"K": k}) for k in (1, 8, 64)])
-    tuner.tune(x, emit=False)
-    first_round = [count for scale, count in seen if scale == 1]
-    assert len(first_round) == 3 and first_round[0] is not None and len(set(first_round)) == 1
-    assert len(sized) == 1 + any(scale > 1 for scale, _ in seen)  # once a round
-
-
-def test_free_bytes_counts_torchs_cached_blocks() -> None:
-    total = torch.cuda.get_device_properties(0).total_memory
-    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    before = steady.free_bytes("cuda")
-    del block  # back to torch's cache, not to the driver: still free for a search's copies
-    after = steady.free_bytes("cuda")
-    assert 0 < before < after <= total
-    assert after - before >= 256 << 20
-    assert steady.copy_budget(after) <= steady.COPY_BUDGET
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = tuner.tune(x, emit=False)
+    assert not fell_back(caught)
+    assert report.winner == Config({"K": 1}) and len(report.timings) == 3
+    # Far apart, so no final round: the two candidates after the first (which also warms the GPU and
+    # sizes the replay) are checked once and captured at the first's length, though 8 times apart.
+    assert calls[8] == calls[64] > 1
+    assert calls[1] > calls[8]

@@ -1,9 +1,10 @@
 """Calls made while a CUDA graph is being captured: a new key is served from the scratch cache, an
 offline artifact or the default, never searched; a resolved key just launches.
 
-On the CPU the capture state is the one thing faked (flyreg's own query of it, the one internal this suite still
-reaches: a CPU has no CUDA stream to capture); the kernels, the lookups and the counters are real. The ``gpu``
-tests capture real graphs and replay them.
+All on a GPU (marker ``gpu``). The first tests fake only the capture state, through torch's own query
+(``torch.cuda.is_current_stream_capturing``, which flyreg asks for a CUDA call), so each can say what a
+call does while capturing without CUDA's limits on what a capture may run; the kernels, the lookups and
+the counters are real. The last tests capture real graphs and replay them.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 
 import flyreg
 from flyreg import BuildCache, Config, FlyregWarning, GraphCaptureError
-from flyreg._runtime import resolution
 
 from installed import new_tuner, plugin as installed_plugin
 from on_disk import cache_entries, emit
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 CHUNKS = (1, 16, 256)
 DEFAULT = Config({"CHUNK": 16})
@@ -67,16 +69,21 @@ def probe() -> Probe:
 def in_capture(monkeypatch: pytest.MonkeyPatch, probe: Probe) -> Probe:
     """Every capture query answers True (as inside ``torch.cuda.graph``) and is counted."""
 
-    def fake(device: Any) -> bool:
+    def fake() -> bool:
         probe.queries += 1
         return True
 
-    monkeypatch.setattr(resolution, "capturing", fake)
+    capture_state(monkeypatch, fake)
     return probe
 
 
+def capture_state(monkeypatch: pytest.MonkeyPatch, query: Callable[[], bool]) -> None:
+    """Answer torch's query of the current stream's capture state with ``query()``."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", query)
+
+
 def xy(rows: int = 64, cols: int = 8, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(rows, cols, dtype=dtype)
+    x = torch.randn(rows, cols, dtype=dtype, device="cuda")
     return x, torch.empty_like(x)
 
 
@@ -113,11 +120,11 @@ def test_miss_in_capture_serves_the_default_without_a_search(
 def test_capture_serves_the_scratch_cache_then_an_offline_artifact(probe: Probe, monkeypatch: pytest.MonkeyPatch,
                                                                    isolated_dirs: dict[str, Any]) -> None:
     x, out = xy()
-    art = emit(isolated_dirs["configs"], "cap_sources", {"n": 32}, Config({"CHUNK": 256}))  # another spec's artifact
-    monkeypatch.setattr(resolution, "capturing", lambda device: False)
+    art = emit(isolated_dirs["configs"], "cap_sources", {"n": 32}, Config({"CHUNK": 256}), device="cuda")  # another spec's artifact
+    capture_state(monkeypatch, lambda: False)
     searched = double_op("cap_sources", Probe(), default=None)
     report = searched.tune(x, out, emit=False)  # outside capture: a real search fills the scratch cache
-    monkeypatch.setattr(resolution, "capturing", lambda device: True)
+    capture_state(monkeypatch, lambda: True)
 
     fresh = double_op("cap_sources", probe)
     with pytest.warns(FlyregWarning, match="serving the cache config"):
@@ -145,7 +152,7 @@ def test_no_default_and_nothing_cached_raises_naming_op_and_spec(
         tuner(x, out)
     assert tuner.stats.searches == 0 and tuner.stats.benchmarks == 0 and in_capture.launches == []
     # Nothing was remembered: outside capture the same call searches, as FLYREG_AUTOTUNE asks.
-    monkeypatch.setattr(resolution, "capturing", lambda device: False)
+    capture_state(monkeypatch, lambda: False)
     assert torch.equal(tuner(x, out), x * 2)
     assert tuner.stats.searches == 1 and tuner.resolve(x, out).origin == "search"
 
@@ -159,17 +166,17 @@ def test_emit_mode_does_not_search_during_capture(in_capture: Probe, isolated_di
 
 
 def test_a_resolved_key_never_asks_about_capture(monkeypatch: pytest.MonkeyPatch, probe: Probe) -> None:
-    asked: list[Any] = []
-    monkeypatch.setattr(resolution, "capturing", lambda device: asked.append(device) or False)
+    asked: list[int] = []
+    capture_state(monkeypatch, lambda: asked.append(torch.cuda.current_device()) or False)
     tuner = double_op("cap_hot", probe)
     x, out = xy()
     tuner(x, out)
-    assert asked == [torch.device("cpu")]
-    monkeypatch.setattr(resolution, "capturing", lambda device: pytest.fail("asked on a resolved key"))
+    assert asked == [x.device.index]
+    capture_state(monkeypatch, lambda: pytest.fail("asked on a resolved key"))
     for _ in range(3):
         tuner(x, out)
-    big = torch.randn(64, 16)
-    x2, out2 = big[:, :8], torch.empty(64, 16)[:, :8]  # a new call key, the same persistent key (strided rows)
+    big = torch.randn(64, 16, device="cuda")
+    x2, out2 = big[:, :8], torch.empty(64, 16, device="cuda")[:, :8]  # a new call key, the same persistent key (strided rows)
     assert torch.equal(tuner(x2, out2), x2 * 2)
     assert probe.launches == [16] * 5
 
@@ -181,18 +188,24 @@ def test_tune_during_capture_raises(in_capture: Probe) -> None:
     assert tuner.stats.searches == 0
 
 
-def test_rmsnorm_plugin_in_capture_serves_its_default(monkeypatch: pytest.MonkeyPatch, in_capture: Probe) -> None:
+def test_rmsnorm_plugin_in_capture_serves_what_lookup_gives_without_a_search(
+    monkeypatch: pytest.MonkeyPatch, in_capture: Probe
+) -> None:
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
     tuner = new_tuner("rmsnorm")
     plugin = installed_plugin("rmsnorm")
-    x, w = torch.randn(300, 512), torch.rand(512) + 0.5
-    with pytest.warns(FlyregWarning, match="rmsnorm: spec .* serving the default config"):
+    x, w = torch.randn(300, 512, device="cuda"), torch.rand(512, device="cuda") + 0.5
+    spec = plugin.specialize((x, w), {})
+    expected = flyreg.resolve_spec("rmsnorm", spec, "cuda")  # a shipped artifact, else the default
+    assert expected.origin in ("offline", "default")
+    with pytest.warns(FlyregWarning, match=f"rmsnorm: spec .* serving the {expected.origin} config"):
         y = tuner(x, w)
     ref = plugin.reference((x, w), {})
-    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+    assert ((y.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-5
     assert tuner.stats.searches == 0 and tuner.stats.benchmarks == 0
-    spec = plugin.specialize((x, w), {})
-    assert tuner.resolve(x, w).config == plugin.default(spec)
+    assert tuner.resolve(x, w).config == expected.config
+    if expected.origin == "default":
+        assert expected.config == plugin.default(spec)
 
 
 # -- on a GPU: real captures and replays ---------------------------------------------------------

@@ -47,13 +47,6 @@ EXCEPTIONS = {
     "tests/unit/test_imports.py",  # reads flyreg's own source to check its layering
     "tests/conftest.py",  # resets flyreg's one-time warnings between tests, as a new process would have none
 }
-#: Files not yet rewritten against the public API (unit tests of timing and isolation machinery, and the
-#: faked CUDA-capture state): this set may only shrink.
-NOT_YET_CONVERTED = {
-    "tests/unit/test_steady.py",
-    "tests/kernels/test_steady_gpu.py",
-    "tests/serving/test_cuda_graphs.py",
-}
 INTERNAL = re.compile(r"\bflyreg\._[A-Za-z]|\bfrom\s+flyreg\s+import\s+(?:\(\s*)?(?:[\w\s,]*,\s*)?_[A-Za-z]")
 
 
@@ -67,7 +60,7 @@ def test_tests_benchmarks_and_plugins_name_no_internal_module() -> None:
     offenders = {}
     for path in python_files():
         rel = path.relative_to(ROOT).as_posix()
-        if rel in EXCEPTIONS | NOT_YET_CONVERTED:
+        if rel in EXCEPTIONS:
             continue
         hits = [f"{rel}:{n}: {line.strip()}" for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                 if INTERNAL.search(line)]
@@ -77,7 +70,7 @@ def test_tests_benchmarks_and_plugins_name_no_internal_module() -> None:
 
 
 def test_every_exception_still_needs_to_be_one() -> None:
-    for rel in sorted(EXCEPTIONS | NOT_YET_CONVERTED):
+    for rel in sorted(EXCEPTIONS):
         path = ROOT / rel
         assert path.is_file() and INTERNAL.search(path.read_text(encoding="utf-8")), \
             f"{rel} names no internal module any more: take it off the list"

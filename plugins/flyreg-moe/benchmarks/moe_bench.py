@@ -13,12 +13,14 @@ Per model shape and M bucket, TFLOP/s counted as 6 * M * topk * N * K per call (
 
 Timing: each implementation's calls are captured in one CUDA graph (host launch cost out) and the
 graph replayed; time per call = replay time / calls, median of ``--reps`` replays, with enough calls
-a replay for about a millisecond of work. The weights (over 1 GB for every model shape) never fit
+a replay for about a millisecond of work. A cell times its four implementations in ``--rounds``
+rounds, each round starting one implementation further along, and reports each one's median
+round (``*_round_ms`` keeps every round): being timed first in a cell costs none of them alone. The weights (over 1 GB for every model shape) never fit
 the 60 MB L2, so every call streams them from DRAM; x and the routing stay in L2 for every
 implementation alike. An implementation that cannot be captured is timed with events around eager
 calls (``flyreg.do_bench``, L2 flushed), and the output says so.
 
-    python plugins/flyreg-moe/benchmarks/moe_bench.py [--shapes NAME ...] [--M 1 2 ...] [--json out.json]
+    python plugins/flyreg-moe/benchmarks/moe_bench.py [--shapes NAME ...] [--M 1 2 ...] [--rounds 4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def bench_cell(name: str, shape: tuple[int, int, int, int], M: int, reps: int) -> dict[str, Any]:
+def bench_cell(name: str, shape: tuple[int, int, int, int], M: int, reps: int, rounds: int) -> dict[str, Any]:
     E, K, N, topk = shape
     dtype = torch.bfloat16
     args = make_moe_inputs(M, E, N, K, topk, dtype, "cuda")
@@ -110,18 +112,24 @@ def bench_cell(name: str, shape: tuple[int, int, int, int], M: int, reps: int) -
     row: dict[str, Any] = {"model": name, "E": E, "K": K, "N": N, "topk": topk, "M": M,
                            "tuned_config": str(served.config), "tuned_source": served.source,
                            "default_config": str(default), "torch_impl": TORCH_NAME}
-    impls = {"tuned": lambda: op(*args), "default": lambda: run_default(*args), "torch": lambda: torch_moe(*args)}
-    for impl, fn in impls.items():
-        row[f"{impl}_rel_err"] = rel_err(fn(), ref)
-        ms, how = time_ms(fn, reps)
-        row[f"{impl}_ms"], row[f"{impl}_timing"] = ms, how
-        row[f"{impl}_tflops"] = 6 * M * topk * N * K / ms / 1e9
     a = torch.randn(M * topk, K, device="cuda", dtype=dtype)
     b = torch.randn(K, 2 * N, device="cuda", dtype=dtype)
-    ms, _ = time_ms(lambda: a @ b, reps)
-    row["dense_ms"], row["dense_tflops"] = ms, 4 * M * topk * N * K / ms / 1e9
-    del args, run_default, ref, a, b
-    torch.cuda.empty_cache()
+    impls = {"tuned": lambda: op(*args), "default": lambda: run_default(*args), "torch": lambda: torch_moe(*args),
+             "dense": lambda: a @ b}
+    for impl in ("tuned", "default", "torch"):
+        row[f"{impl}_rel_err"] = rel_err(impls[impl](), ref)
+    names = list(impls)
+    times: dict[str, list[float]] = {impl: [] for impl in names}
+    for r in range(rounds):  # each round times every implementation, starting one further along
+        for impl in names[r % len(names):] + names[:r % len(names)]:
+            ms, how = time_ms(impls[impl], reps)
+            times[impl].append(ms)
+            row[f"{impl}_timing"] = how
+    flops = {"dense": 4 * M * topk * N * K}
+    for impl, ts in times.items():
+        ms = statistics.median(ts)
+        row[f"{impl}_ms"], row[f"{impl}_round_ms"] = ms, ts
+        row[f"{impl}_tflops"] = flops.get(impl, 6 * M * topk * N * K) / ms / 1e9
     return row
 
 
@@ -129,7 +137,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
     p.add_argument("--M", nargs="*", type=int, default=list(space.M_BUCKETS))
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=5, help="replays a timing takes the median of")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="timings of each implementation a cell takes the median of, in rotating order")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
     rows = []
@@ -138,7 +148,8 @@ def main() -> None:
           "config", flush=True)
     for name in a.shapes:
         for M in a.M:
-            r = bench_cell(name, MODEL_SHAPES[name], M, a.reps)
+            r = bench_cell(name, MODEL_SHAPES[name], M, a.reps, a.rounds)
+            torch.cuda.empty_cache()  # the cell's weights are free once it returns
             rows.append(r)
             print(f"{name} | {M} | {r['tuned_tflops']:.1f} | {r['default_tflops']:.1f} | {r['torch_tflops']:.1f} | "
                   f"{r['dense_tflops']:.1f} | {r['tuned_tflops'] / r['torch_tflops']:.2f}x | "

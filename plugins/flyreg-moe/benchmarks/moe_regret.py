@@ -8,7 +8,7 @@ winners are then timed side by side, as ``moe_bench.py`` times (CUDA graph repla
 ``--rounds`` alternating pairs: regret = local winner's time / exhaustive winner's time - 1
 (median over the pairs). The searches' wall times include binding (compiles) and the final round.
 
-    python plugins/flyreg-moe/benchmarks/moe_regret.py --out DIR [--budget 2] [--json regret.json]
+    python plugins/flyreg-moe/benchmarks/moe_regret.py --out DIR [--budget 2] [--json regret.json] [--only MODEL:M]
 """
 
 from __future__ import annotations
@@ -38,10 +38,15 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=2.0, help="seconds the local search may take before its final round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--only", action="append", default=[], metavar="MODEL:M",
+                   help="run only these specs of the sample (repeatable), e.g. gpt-oss-20b:1")
     a = p.parse_args()
+    specs = [(name, M) for name, M in SPECS if not a.only or f"{name}:{M}" in a.only]
+    if not specs:
+        p.error(f"--only matches no spec of the sample: {', '.join(f'{n}:{m}' for n, m in SPECS)}")
     op = flyreg.op("fused_moe")
     rows: list[dict[str, Any]] = []
-    for name, M in SPECS:
+    for name, M in specs:
         E, K, N, topk = MODEL_SHAPES[name]
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
         t0 = time.perf_counter()

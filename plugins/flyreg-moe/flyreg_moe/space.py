@@ -81,13 +81,19 @@ def _tile_ok(bm: int, bn: int, bk: int, warps: int, stages: int, max_bm: int) ->
     return warps == 4 or bm * bn >= 4096  # 8 warps only with 16 or more accumulator rows a warp
 
 
+def _groups(spec: Mapping[str, Any]) -> list[int]:
+    """GROUP_M values offered: 1, and those below the row tiles of the smallest BLOCK_M (an estimate)."""
+    M, E, _, _, topk = shape(spec)
+    tiles_m = min(E, M * topk) * -(-rows_per_expert(spec) // BLOCK_MS[0])
+    return [g for g in GROUP_MS if g == 1 or g < tiles_m]
+
+
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     """Candidate configs for ``spec``, pruned by shared memory, registers and the rows per expert."""
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     max_bm = max(BLOCK_MS[0], _next_pow2(r))
-    tiles_m = min(E, M * topk) * -(-r // BLOCK_MS[0])  # row tiles of the smallest BLOCK_M, an estimate
-    groups = [g for g in GROUP_MS if g == 1 or g < tiles_m]
+    groups = _groups(spec)
     out = []
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
         if not _tile_ok(bm, bn, bk, warps, stages, max_bm):
@@ -104,33 +110,52 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets.
+    """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets (r) and N.
 
-    Up to 16 rows (decode): 16-row tiles, 64 columns, 128 deep, 4 warps, 4 stages, and GEMM 2 split
-    until its programs fill the 132 SMs once. Up to 64 rows: 32-row tiles in groups of 8. Up to
-    512: 64 x 256 tiles, 64 deep, 8 warps, 3 stages (on the H200, Mixtral at M = 1024: 1.54x over
-    64 x 128 with 4 warps). More: 128 x 128 tiles, 8 warps, 3 stages, groups of 8.
+    Chosen from a fixed menu of tiles timed on every shipped workload on the H200
+    (``benchmarks/moe_menu.py``):
+
+    * r <= 16 (decode): 16 x 128 tiles, 128 deep, 4 warps, 3 stages, GEMM 2 split as
+      :func:`default_split` says;
+    * r <= 32: 32 x 128 tiles, 64 deep, 4 warps, 4 stages, groups of up to 16;
+    * r <= 64: 64 x 256 tiles, 8 warps, 3 stages while N < 2048 (few column tiles), else 64 x 128
+      tiles, 4 warps, 5 stages, groups of up to 16;
+    * r <= 256 and N <= 1024: 64 x 256 tiles, 8 warps, 3 stages;
+    * else: 128 x 128 tiles, 64 deep, 8 warps, 4 stages, groups of up to 8.
     """
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     if r <= 16:
-        bm, bn, bk, warps, stages, group = 16, 64, 128, 4, 4, 1
+        bm, bn, bk, warps, stages, group = 16, 128, 128, 4, 3, 1
+    elif r <= 32:
+        bm, bn, bk, warps, stages, group = 32, 128, 64, 4, 4, 16
+    elif r <= 64 and N < 2048:
+        bm, bn, bk, warps, stages, group = 64, 256, 64, 8, 3, 1
     elif r <= 64:
-        bm, bn, bk, warps, stages, group = 32, 64, 128, 4, 4, 8
-    elif r <= 512:
+        bm, bn, bk, warps, stages, group = 64, 128, 64, 4, 5, 16
+    elif r <= 256 and N <= 1024:
         bm, bn, bk, warps, stages, group = 64, 256, 64, 8, 3, 1
     else:
-        bm, bn, bk, warps, stages, group = 128, 128, 64, 8, 3, 8
+        bm, bn, bk, warps, stages, group = 128, 128, 64, 8, 4, 8
     bm = min(bm, max(BLOCK_MS[0], _next_pow2(r)))
+    group = max(g for g in _groups(spec) if g <= group)
+    return Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
+                   "SPLIT_K": default_split(spec, bm, bn, bk)}, num_warps=warps, num_stages=stages)
+
+
+def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int) -> int:
+    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` x ``bk`` tile: while an expert gets
+    at most :data:`SPLIT_ROWS` rows, doubled until GEMM 2's programs fill the SMs once (each way keeping
+    at least 4 reduction steps); else 1."""
+    M, E, N, K, topk = shape(spec)
+    r = rows_per_expert(spec)
     split = 1
     if r <= SPLIT_ROWS:
-        # GEMM 2 programs without a split: row tiles times column tiles of K.
-        programs = min(E, M * topk) * -(-r // bm) * -(-K // bn)
+        programs = min(E, M * topk) * -(-r // bm) * -(-K // bn)  # GEMM 2's row tiles times column tiles of K
         k_tiles = -(-N // bk)
-        while split < SPLIT_KS[-1] and programs * split < SMS and k_tiles >= 4 * split:
+        while split < SPLIT_KS[-1] and programs * split < SMS and k_tiles >= 4 * 2 * split:
             split *= 2
-    return Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split},
-                  num_warps=warps, num_stages=stages)
+    return split
 
 
 #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).

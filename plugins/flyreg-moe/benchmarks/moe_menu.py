@@ -1,0 +1,82 @@
+"""Times a fixed menu of tile configs on every shipped fused-MoE workload: the data behind the no-search default.
+
+For each model shape and M bucket, each menu tile (``MENU``) that the spec's space offers is timed
+twice with GEMM 2 unsplit and, where the default would split it, split as the default splits
+(``space.default_split``), in two rounds of rotating order, as ``moe_bench.py`` times (CUDA-graph
+replays, median); the row keeps the median of the rounds. Also times the spec's current default
+and the config lookup serves.
+
+    python plugins/flyreg-moe/benchmarks/moe_menu.py [--shapes NAME ...] [--M 1 2 ...] --json menu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+import torch
+
+import flyreg
+from flyreg.plugin import Config
+from flyreg_moe import space, triton_moe
+from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
+
+from moe_bench import time_ms  # this script's folder is on sys.path
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M): the tiles that won somewhere on the H200.
+MENU = [(16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 3, 1), (32, 64, 128, 4, 4, 8), (32, 128, 64, 4, 4, 16),
+        (32, 128, 64, 4, 3, 16), (64, 128, 64, 8, 4, 4), (64, 128, 64, 4, 5, 16), (64, 128, 64, 4, 4, 16),
+        (64, 256, 64, 8, 3, 1), (64, 256, 64, 8, 4, 4), (128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8),
+        (128, 256, 64, 8, 3, 8), (128, 128, 64, 4, 4, 8)]
+
+
+def menu_configs(spec: dict[str, Any]) -> list[Config]:
+    offered = set(space.triton_configs(spec))
+    out: list[Config] = []
+    for bm, bn, bk, warps, stages, group in MENU:
+        for split in sorted({1, space.default_split(spec, bm, bn, bk)}):
+            c = Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split},
+                       num_warps=warps, num_stages=stages)
+            if c in offered and c not in out:
+                out.append(c)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
+    p.add_argument("--M", nargs="*", type=int, default=list(space.M_BUCKETS))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    rows: list[dict[str, Any]] = []
+    for name in a.shapes:
+        E, K, N, topk = MODEL_SHAPES[name]
+        for M in a.M:
+            spec = {"E": E, "K": K, "M": M, "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
+            args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
+            configs = menu_configs(spec)
+            served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
+            default = space.triton_default(spec)
+            configs += [c for c in (default, served) if c not in configs]
+            runs = {c: triton_moe.bind_fused_moe(*args, **c.kwargs, **c.hints) for c in configs}
+            times: dict[Config, list[float]] = {c: [] for c in configs}
+            for r in range(2):
+                for c in configs[r * len(configs) // 2:] + configs[:r * len(configs) // 2]:
+                    times[c].append(time_ms(lambda c=c: runs[c](*args), a.reps)[0])
+            ms = {c: statistics.median(t) for c, t in times.items()}
+            best = min(ms.values())
+            rows.append({"model": name, "M": M, "E": E, "K": K, "N": N, "topk": topk,
+                         "served": served.to_json(), "default": default.to_json(),
+                         "times": [{"config": c.to_json(), "ms": t} for c, t in ms.items()]})
+            print(f"{name} M={M}: {len(configs)} configs, best {best * 1e3:.1f} us, default {ms[default] / best:.3f}x, "
+                  f"served {ms[served] / best:.3f}x", flush=True)
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
