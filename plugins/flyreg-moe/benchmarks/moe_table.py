@@ -58,7 +58,21 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         f"{sum(r['default_ms'] / r['tuned_ms'] >= TUNED_GAIN for r in off)}",
         f"- tuned slower than the default by more than {DEFAULT_OFF:.0%}: "
         f"{cells(lambda r: r['tuned_ms'] / r['default_ms'] > 1 + DEFAULT_OFF)}",
+        *noise(rows),
     ]
+
+
+def noise(rows: list[dict[str, Any]]) -> list[str]:
+    """The run's own noise: tuned / default where both are the same config, and the rounds' spread."""
+    same = [r["default_ms"] / r["tuned_ms"] for r in rows if short(r["tuned_config"]) == short(r["default_config"])]
+    out = [f"- tuned / default where the tuned config is the default: {min(same):.2f} to {max(same):.2f}x "
+           f"over {len(same)} cells"] if same else []
+    spreads = [max(t) / min(t) - 1 for r in rows for k, t in r.items() if k.endswith("_round_ms") and len(t) > 1]
+    if spreads:
+        spreads.sort()
+        out.append(f"- spread of an implementation's rounds in a cell (slowest / fastest - 1): median "
+                   f"{spreads[len(spreads) // 2]:.1%}, largest {spreads[-1]:.1%}")
+    return out
 
 
 def main() -> None:
