@@ -23,7 +23,9 @@ def report(op_names: tuple[str, ...], out: Path) -> None:
     matplotlib (pip install 'flyreg[report]').
     """
     from flyreg._cli.report import run_report
+    from flyreg._search import journal
 
     names = list(dict.fromkeys(op_names))
-    check_op_names(names)
+    journaled = journal.ops() if names else set()
+    check_op_names([n for n in names if n not in journaled])  # a journaled op reports even once uninstalled
     run_report(names, out)

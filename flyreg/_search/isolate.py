@@ -172,20 +172,28 @@ class WorkerEvaluator:
                                  name="flyreg-candidate-worker")
         self._proc.start()
         child.close()
+        try:
+            kind, detail = self._first_message(parent)
+        except IsolationError:
+            parent.close()
+            raise
+        if kind != "ready":
+            parent.close()
+            self._kill()
+            raise IsolationError(f"the candidate worker could not set up: {detail}")
+        self._conn, self.info = parent, detail
+        return parent
+
+    def _first_message(self, parent: Connection) -> tuple[str, Any]:
         start = self.limits.start_seconds
         if not parent.poll(start):
             self._kill()
             raise IsolationError(f"the candidate worker did not start within {start:g} s")
         try:
-            kind, detail = parent.recv()
+            return parent.recv()
         except (EOFError, OSError):
             code = self._kill()
             raise IsolationError(f"the candidate worker died while starting ({_death(code)})") from None
-        if kind != "ready":
-            self._kill()
-            raise IsolationError(f"the candidate worker could not set up: {detail}")
-        self._conn, self.info = parent, detail
-        return parent
 
     def _one(self, config: Config, options: dict[str, Any]) -> Outcome:
         conn = self._conn if self._conn is not None else self._start()

@@ -131,6 +131,11 @@ def measurements(op: str | None = None) -> list[Measurement]:
     return [m for m in map(_row, rows) if m is not None]
 
 
+def ops() -> set[str]:
+    """The ops the journal holds measurements of (installed or not)."""
+    return {str(op) for (op,) in DB.read("SELECT DISTINCT op FROM measurements", ())}
+
+
 def close() -> None:
     """Close this thread's connections (tests)."""
     DB.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_harness import Flyreg, one_line_error, table_rows
+from cli_harness import IN_TREE, ONLY_PLUGINS_VARIABLE, Flyreg, one_line_error, table_rows
 from toy_ops import NAME, toy_site
 
 pytest.importorskip("matplotlib", reason="flyreg report draws with matplotlib (flyreg[report])")
@@ -90,6 +90,17 @@ def test_the_page_states_throughput_cost_and_coverage(report: tuple[subprocess.C
     assert found["rmsnorm"].count("<span class='missing'>missing</span>") == 6
     rows = {r[0]: r for r in table_rows(proc.stdout)}
     assert set(rows) == set(found) and rows["rmsnorm"][1] == "2" and rows["rmsnorm"][-1] == "2/8"
+
+
+def test_an_op_tuned_then_uninstalled_is_still_reported_by_name(cmd: Flyreg, tuned: list[tuple[str, str]]) -> None:
+    out = cmd.root / "gone"
+    proc = cmd.run("report", "toyscale", "--out", str(out), **{ONLY_PLUGINS_VARIABLE: IN_TREE})  # its distribution gone
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert set(sections(page)) == {"toyscale"}
+    toy_specs = [spec for op, spec in tuned if op == "toyscale"]
+    assert toy_specs and all(f"<td>{html.escape(spec)}</td>" in page for spec in toy_specs)
+    assert "unknown op" in one_line_error(cmd.run("report", "never_tuned_op"), 2)
 
 
 def test_errors_are_one_line(cmd: Flyreg, tmp_path: Path) -> None:
