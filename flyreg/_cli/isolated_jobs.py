@@ -3,9 +3,10 @@
 Each job's candidates are compiled in a pool of ``FLYREG_COMPILE_WORKERS`` processes (kept for
 the whole run) and timed one at a time in a benchmarking worker process, which makes the op's
 inputs itself; this process runs no candidate and starts no device work for one. A candidate
-that crashes its worker (an abort, an illegal memory access) or runs past the time limit (20
-times the slowest candidate so far, at least ``FLYREG_CANDIDATE_TIMEOUT``) is journaled and
-reported as failed with its reason, its worker is replaced, and the search goes on.
+that crashes its worker (an abort), leaves its CUDA context unusable (an illegal memory access)
+or runs past the time limit (20 times the slowest candidate so far, at least
+``FLYREG_CANDIDATE_TIMEOUT``) is journaled and reported as failed with its reason, its worker is
+replaced, and the search goes on.
 """
 
 from __future__ import annotations

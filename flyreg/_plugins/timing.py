@@ -54,7 +54,7 @@ class OpBench:
         warnings.simplefilter("ignore", FlyregWarning)  # the tune reports each failure itself
         tuner, ck, call, tuned = _op_call(op, spec, device)
         self.info = {"spec": ck.spec, "pkey": ck.pkey, "tuned": tuned}
-        self._cuda = torch.device(device).type == "cuda"
+        self._device = torch.device(device)
 
         def build(config: Config) -> object:
             return tuner.build_cache.get(tuner.name, config, ck.spec, tuner.structural, tuner.build)
@@ -66,15 +66,17 @@ class OpBench:
 
     def __call__(self, config: Config, **options: Any) -> Measured:
         measured = self._evaluate.measure(config, **options)
-        if measured.result is None and self._cuda and not _cuda_usable():
-            raise WorkerUnusable(f"{measured.error} (it left the worker's CUDA context unusable)")
+        if measured.result is None and self._device.type == "cuda" and not _cuda_usable(self._device):
+            first = (measured.error or "failed").strip().splitlines()[0]  # torch appends debugging hints
+            raise WorkerUnusable(f"{first} (it left the worker's CUDA context unusable)")
         return measured
 
 
-def _cuda_usable() -> bool:
-    """False once a CUDA error (an illegal memory access, a device-side assert) has poisoned this process's context."""
+def _cuda_usable(device: torch.device) -> bool:
+    """False once a CUDA error (an illegal memory access, a device-side assert) has poisoned this process's
+    context on ``device``."""
     try:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     except RuntimeError:
         return False
     return True

@@ -1,13 +1,14 @@
 """Candidates timed in a worker process: a crash or a hang is that candidate's failure, never the caller's.
 
-:class:`WorkerEvaluator` starts one worker (``multiprocessing``, spawn: a fresh interpreter with
-no inherited CUDA context) that builds its own measuring function from a picklable factory, then
+:class:`WorkerEvaluator` starts one worker (``multiprocessing``, spawn: a fresh interpreter with no
+inherited CUDA context) that builds its own measuring function from a picklable factory, then
 measures one config at a time. A worker that dies (an abort), is left unusable (an illegal memory
 access poisons its CUDA context: :class:`WorkerUnusable`) or runs past the time limit fails that
-config with the reason and is replaced; the next config gets a fresh worker. The limit adapts (:class:`AdaptiveLimit`): a generous one while a worker starts
-(imports, inputs, first compiles), then ``factor`` times the slowest config finished so far, at
-least ``min_seconds``. Workers ignore SIGINT (Ctrl-C stops the caller, which stops them) and end
-when the caller dies, even by ``kill -9`` (:func:`worker_setup`).
+config with the reason and is replaced; the next config gets a fresh worker. The limit adapts
+(:class:`AdaptiveLimit`): a generous one while a worker starts (imports, inputs, first compiles),
+then ``factor`` times the slowest config finished so far, at least ``min_seconds``. Workers ignore
+SIGINT (Ctrl-C stops the caller, which stops them) and end when the caller dies, even by ``kill -9``
+(:func:`worker_setup`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import attrs
 from flyreg._core.config import Config
 
 #: ``factory(*args)`` runs in the worker and returns ``measure(config, **options)`` (raising for a bad
-#: config); whatever ``measure`` returns must pickle. An ``info`` attribute of ``measure``, if any, is
-#: sent to the caller once the worker is ready (:meth:`WorkerEvaluator.start`).
+#: config, :class:`WorkerUnusable` when the worker can measure nothing more); whatever it returns must
+#: pickle. An ``info`` attribute of ``measure``, if any, is sent to the caller once the worker is ready
+#: (:meth:`WorkerEvaluator.start`).
 Factory = Callable[..., Callable[..., Any]]
 
 

@@ -1,6 +1,6 @@
 """``flyreg tune --isolate`` on a GPU (marker ``gpu``): a Triton config that makes an illegal memory access
-fails alone, its poisoned worker is replaced, the configs after it are timed in a fresh worker, and the
-tune writes the right winner."""
+fails alone with CUDA's one-line message, its poisoned worker is replaced, the configs after it are timed
+in a fresh worker, and the tune writes a good config's artifact."""
 
 from __future__ import annotations
 
@@ -92,7 +92,12 @@ def test_an_illegal_memory_access_fails_its_config_and_replaces_the_worker(tmp_p
                              {"wild_ops/__init__.py": WILD_MODULE})
     run = Flyreg(tmp_path / "run", {"wild-ops": site}, FLYREG_COMPILE_WORKERS="1")
     proc = run.popen("tune", "wild", "--spec", f"n={1 << 22}", "--device", "cuda", "--isolate")
-    out, err = proc.communicate(timeout=500)
+    try:
+        out, err = proc.communicate(timeout=500)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its workers end within a second of it
+        proc.communicate()
+        raise
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
 
@@ -101,9 +106,9 @@ def test_an_illegal_memory_access_fails_its_config_and_replaces_the_worker(tmp_p
     errors = journaled(run)
     for bad in ((512, 1), (128, 1)):
         why = str(errors[bad][0])
-        assert "illegal memory access" in why and "worker replaced" in why, why
-    for good in ((256, 0), (1024, 0), (2048, 0)):  # 1024 and 2048 come after a poisoned worker
+        assert "illegal memory access" in why and "CUDA context unusable); worker replaced" in why, why
+        assert "\n" not in why  # torch's debugging hints are cut
+    for good in ((256, 0), (1024, 0), (2048, 0)):  # 2048 comes after both poisoned workers
         assert errors[good] and all(e is None for e in errors[good]), errors[good]
     stored = [json.loads(p.read_text()) for p in run.dirs["configs"].rglob("wild*.json")]
     assert len(stored) == 1 and stored[0]["config"]["kwargs"]["BAD"] == 0
-    assert (torch.ones(4, device="cuda") * 2).sum().item() == 8  # this process's CUDA context is untouched

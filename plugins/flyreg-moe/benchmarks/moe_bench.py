@@ -14,11 +14,12 @@ Per model shape and M bucket, TFLOP/s counted as 6 * M * topk * N * K per call (
 Timing: each implementation's calls are captured in one CUDA graph (host launch cost out) and the
 graph replayed; time per call = replay time / calls, median of ``--reps`` replays, with enough calls
 a replay for about a millisecond of work. A cell times its four implementations in ``--rounds``
-rounds, each round starting one implementation further along, and reports each one's median
-round (``*_round_ms`` keeps every round): being timed first in a cell costs none of them alone. The weights (over 1 GB for every model shape) never fit
-the 60 MB L2, so every call streams them from DRAM; x and the routing stay in L2 for every
-implementation alike. An implementation that cannot be captured is timed with events around eager
-calls (``flyreg.do_bench``, L2 flushed), and the output says so.
+rounds, each round starting one implementation further along, and reports each one's median round
+(``*_round_ms`` keeps every round): being timed first in a cell costs none of them alone. The
+weights (over 1 GB for every model shape) never fit the 60 MB L2, so every call streams them from
+DRAM; x and the routing stay in L2 for every implementation alike. An implementation that cannot be
+captured is timed with events around eager calls (``flyreg.do_bench``, L2 flushed), and the output
+says so.
 
     python plugins/flyreg-moe/benchmarks/moe_bench.py [--shapes NAME ...] [--M 1 2 ...] [--rounds 4] [--json out.json]
 """
@@ -120,15 +121,17 @@ def bench_cell(name: str, shape: tuple[int, int, int, int], M: int, reps: int, r
         row[f"{impl}_rel_err"] = rel_err(impls[impl](), ref)
     names = list(impls)
     times: dict[str, list[float]] = {impl: [] for impl in names}
+    hows: dict[str, set[str]] = {}
     for r in range(rounds):  # each round times every implementation, starting one further along
         for impl in names[r % len(names):] + names[:r % len(names)]:
             ms, how = time_ms(impls[impl], reps)
             times[impl].append(ms)
-            row[f"{impl}_timing"] = how
+            hows.setdefault(impl, set()).add(how)
     flops = {"dense": 4 * M * topk * N * K}
     for impl, ts in times.items():
         ms = statistics.median(ts)
         row[f"{impl}_ms"], row[f"{impl}_round_ms"] = ms, ts
+        row[f"{impl}_timing"] = "+".join(sorted(hows[impl]))  # "eager+graph" if the rounds differed
         row[f"{impl}_tflops"] = flops.get(impl, 6 * M * topk * N * K) / ms / 1e9
     return row
 

@@ -75,6 +75,8 @@ def main() -> None:
                   f"served {ms[served] / best:.3f}x", flush=True)
             with open(a.json, "w", encoding="utf-8") as f:
                 json.dump(rows, f, indent=1)
+            runs.clear()
+            args = ()  # the cell's weights go before the next cell's are made
             torch.cuda.empty_cache()
 
 

@@ -41,9 +41,11 @@ def main() -> None:
     p.add_argument("--only", action="append", default=[], metavar="MODEL:M",
                    help="run only these specs of the sample (repeatable), e.g. gpt-oss-20b:1")
     a = p.parse_args()
+    sample = {f"{name}:{M}" for name, M in SPECS}
+    for want in a.only:
+        if want not in sample:
+            p.error(f"--only {want}: not a spec of the sample ({', '.join(f'{n}:{m}' for n, m in SPECS)})")
     specs = [(name, M) for name, M in SPECS if not a.only or f"{name}:{M}" in a.only]
-    if not specs:
-        p.error(f"--only matches no spec of the sample: {', '.join(f'{n}:{m}' for n, m in SPECS)}")
     op = flyreg.op("fused_moe")
     rows: list[dict[str, Any]] = []
     for name, M in specs:

@@ -103,9 +103,6 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
         for g, s in itertools.product(groups, splits):
             out.append(Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s},
                               num_warps=warps, num_stages=stages))
-    default = triton_default(spec)
-    if default not in out:
-        out.append(default)
     return out
 
 

@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flyreg
 from flyreg_moe import space
@@ -78,6 +80,17 @@ def test_space_is_pruned_by_shared_memory_and_rows() -> None:
     assert {c.kwargs["SPLIT_K"] for c in decode} > {1} and {c.kwargs["SPLIT_K"] for c in configs} == {1}
     for spec in (big, small):
         assert space.triton_default(spec) in space.triton_configs(spec)
+
+
+@settings(max_examples=300, deadline=None)
+@given(E=st.integers(1, 256), N=st.integers(1, 20000), K=st.integers(1, 8192), topk=st.integers(1, 8),
+       M=st.integers(0, 10000))
+def test_the_default_is_a_config_of_the_pruned_space(E: int, N: int, K: int, topk: int, M: int) -> None:
+    spec = {"E": E, "K": K, "N": N, "topk": topk, "M": M}
+    default = space.triton_default(spec)
+    assert default in space.triton_configs(spec)
+    if space.rows_per_expert(spec) > space.SPLIT_ROWS:
+        assert default.kwargs["SPLIT_K"] == 1
 
 
 def test_workloads_cover_the_model_shapes_on_cuda_and_small_shapes_on_the_cpu() -> None:
