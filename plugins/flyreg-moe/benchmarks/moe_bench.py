@@ -14,7 +14,7 @@ Per model shape and M bucket, TFLOP/s counted as 6 * M * topk * N * K per call (
 Timing: each implementation's calls are captured in one CUDA graph (host launch cost out) and the
 graph replayed; time per call = replay time / calls, median of ``--reps`` replays, with enough calls
 a replay for about a millisecond of work. A cell times its four implementations in ``--rounds``
-rounds, each round starting one implementation further along, and reports each one's median round
+rounds, each round starting further along the implementations, and reports each one's median round
 (``*_round_ms`` keeps every round): being timed first in a cell costs none of them alone. The
 weights (over 1 GB for every model shape) never fit the 60 MB L2, so every call streams them from
 DRAM; x and the routing stay in L2 for every implementation alike. An implementation that cannot be
@@ -96,6 +96,22 @@ def time_ms(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
         return statistics.median(flyreg.do_bench(fn, warmup=2, rep=reps, device="cuda").times), "eager"
 
 
+def timed_in_rounds(fns: dict[Any, Callable[[], Any]], rounds: int, reps: int) -> tuple[dict[Any, list[float]],
+                                                                                        dict[Any, set[str]]]:
+    """Each function's ``time_ms`` in every round, and how each was timed. Round r starts r/rounds of the
+    way along the functions, so no one of them is always timed first."""
+    keys = list(fns)
+    times: dict[Any, list[float]] = {k: [] for k in keys}
+    hows: dict[Any, set[str]] = {k: set() for k in keys}
+    for r in range(rounds):
+        shift = r * len(keys) // rounds
+        for k in keys[shift:] + keys[:shift]:
+            ms, how = time_ms(fns[k], reps)
+            times[k].append(ms)
+            hows[k].add(how)
+    return times, hows
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
@@ -119,14 +135,7 @@ def bench_cell(name: str, shape: tuple[int, int, int, int], M: int, reps: int, r
              "dense": lambda: a @ b}
     for impl in ("tuned", "default", "torch"):
         row[f"{impl}_rel_err"] = rel_err(impls[impl](), ref)
-    names = list(impls)
-    times: dict[str, list[float]] = {impl: [] for impl in names}
-    hows: dict[str, set[str]] = {}
-    for r in range(rounds):  # each round times every implementation, starting one further along
-        for impl in names[r % len(names):] + names[:r % len(names)]:
-            ms, how = time_ms(impls[impl], reps)
-            times[impl].append(ms)
-            hows.setdefault(impl, set()).add(how)
+    times, hows = timed_in_rounds(impls, rounds, reps)
     flops = {"dense": 4 * M * topk * N * K}
     for impl, ts in times.items():
         ms = statistics.median(ts)

@@ -23,7 +23,7 @@ from flyreg.plugin import Config
 from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from moe_bench import time_ms  # this script's folder is on sys.path
+from moe_bench import timed_in_rounds  # this script's folder is on sys.path
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M): the tiles that won somewhere on the H200.
 MENU = [(16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 3, 1), (32, 64, 128, 4, 4, 8), (32, 128, 64, 4, 4, 16),
@@ -62,10 +62,7 @@ def main() -> None:
             default = space.triton_default(spec)
             configs += [c for c in (default, served) if c not in configs]
             runs = {c: triton_moe.bind_fused_moe(*args, **c.kwargs, **c.hints) for c in configs}
-            times: dict[Config, list[float]] = {c: [] for c in configs}
-            for r in range(2):
-                for c in configs[r * len(configs) // 2:] + configs[:r * len(configs) // 2]:
-                    times[c].append(time_ms(lambda c=c: runs[c](*args), a.reps)[0])
+            times, _ = timed_in_rounds({c: (lambda c=c: runs[c](*args)) for c in configs}, 2, a.reps)
             ms = {c: statistics.median(t) for c, t in times.items()}
             best = min(ms.values())
             rows.append({"model": name, "M": M, "E": E, "K": K, "N": N, "topk": topk,
