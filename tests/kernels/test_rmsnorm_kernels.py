@@ -483,6 +483,18 @@ def test_gpu_wide_rows_default(N: int, dtype: torch.dtype, poison: None) -> None
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("N", [1024, 5120, 16384])
+def test_gpu_overflowing_rows_every_config(N: int, dtype: torch.dtype, poison: None) -> None:
+    """Every config of the space, whole rows and chunks, on rows that overflow float32 among rows that do not."""
+    M = 37
+    x = overflowing_rows(M, N, [0, 5, 6, 20, M - 2], dtype, seed=N).to("cuda")
+    configs = space.triton_configs({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": space.row_bucket(M)})
+    check_overflowing_rows(_triton_backend(), configs, x, dtype)
+
+
+@gpu
+@needs_cuda
 def test_gpu_int64_row_offsets() -> None:
     """Rows 2**31 elements apart: row offsets overflow int32."""
     backend = _triton_backend()
@@ -625,32 +637,54 @@ def test_gpu_dependent_launches_read_what_the_kernel_before_wrote(pdl: bool, M: 
 # ---- rows whose float32 sum of squares overflows -----------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N, block_n", [(48, 64), (48, 16)])  # one pass over the row, and chunks
-def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype,
-                                                                  N: int, block_n: int,
-                                                                  request: pytest.FixtureRequest) -> None:
-    if backend.name == "triton":  # a known gap, asserted so that a fix is noticed
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the Triton kernels return zeros for such rows: both rescues tried cost bandwidth on the H200 "
-            "(a branch raised registers 64 -> 79; both sums in one reduction made M = 1 calls 5-18 % slower)")))
-    M = 5
-    x = randn((M, N), torch.float32, seed=11)
-    x[0] *= 1e20  # x^2 overflows float32 (and so does the sum)
-    x[1] *= 3e37  # near the top of the range
-    x[3] *= 1e-20  # tiny, in the same tile as the huge rows: keeps its plain value
-    x = x.to(dtype).to(backend.device)
-    w = randn((N,), torch.float32, seed=12).to(dtype).to(backend.device)
-    residual = torch.zeros_like(x)
-    configs = [c for c in backend.configs({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": 8})
-               if c.kwargs.get("BLOCK_N", block_n) == block_n] or [backend.default(spec_of(x))]
-    for config in configs[:3]:
-        y = backend.call(backend.rmsnorm, config, x, w, 1e-6)
-        ref = ref_rmsnorm(x, w, 1e-6)
-        assert torch.isfinite(ref).all() and ref.abs().max() > 0
-        for i in range(M):  # each row on its own: a tiny row must not hide in a huge row's error
-            assert rel_err(y[i], ref[i]) < TOL[dtype], (config, i)
+def overflowing_rows(M: int, N: int, huge: list[int], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Fresh random rows; ``huge`` rows alternate between squares that overflow float32 on their own
+    (x ~ 1e20) and a sum that does (x ~ 3e37), the row after each is tiny (x ~ 1e-20), and the last
+    row holds a NaN."""
+    x = randn((M, N), torch.float32, seed=seed)
+    for k, i in enumerate(huge):
+        x[i] *= 1e20 if k % 2 == 0 else 3e37
+        if i + 1 < M - 1 and i + 1 not in huge:
+            x[i + 1] *= 1e-20
+    x[M - 1, N // 2] = math.nan
+    return x.to(dtype)
+
+
+def assert_rows_match(out: torch.Tensor, ref: torch.Tensor, tol: float, what: object) -> None:
+    """Each row on its own (a tiny row must not hide in a huge row's error); NaN rows stay NaN."""
+    out = out.detach().cpu().double()
+    for i in range(ref.shape[0]):
+        if torch.isnan(ref[i]).any():
+            assert torch.isnan(out[i]).any(), (what, i)
+        else:
+            assert rel_err(out[i], ref[i]) < tol, (what, i)
+
+
+def check_overflowing_rows(backend: Backend, configs: list[Config], x: torch.Tensor, dtype: torch.dtype) -> None:
+    N = x.shape[-1]
+    w = randn((N,), torch.float32, seed=N).to(dtype).to(x.device)
+    residual = randn(tuple(x.shape), torch.float32, seed=N + 1).to(dtype).to(x.device)
+    ref = ref_rmsnorm(x, w, 1e-6)
+    want_r = expected_residual(x, residual, backend)
+    fused_ref = ref_rmsnorm(want_r, w, 1e-6)
+    assert ref[:-1].abs().amax(-1).min() > 0 and torch.isfinite(ref[:-1]).all()
+    for config in configs:
+        assert_rows_match(backend.call(backend.rmsnorm, config, x, w, 1e-6), ref, TOL[dtype], config)
         r = residual.clone()
         fused = backend.call(backend.fused, config, x, r, w, 1e-6)
-        for i in range(M):
-            assert rel_err(fused[i], ref[i]) < TOL[dtype], (config, i)
+        ok = ~torch.isnan(want_r.cpu().double())
+        assert torch.equal(r.cpu()[ok], want_r.cpu()[ok]), config  # the residual added once, not again
+        assert_rows_match(fused, fused_ref, TOL[dtype], config)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_n", [64, 16])  # one pass over the row, and chunks
+def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype,
+                                                                  block_n: int) -> None:
+    M, N = 7, 48
+    x = overflowing_rows(M, N, [0, 3], dtype, seed=11).to(backend.device)
+    if backend.name == "triton":  # one-row and several-row tiles, a tile with no overflowing row among them
+        configs = [Config({"BLOCK_N": block_n, "ROWS": rows}, num_warps=w) for rows, w in ((1, 1), (2, 2), (4, 1))]
+    else:
+        configs = backend.configs(spec_of(x))[:3] or [backend.default(spec_of(x))]
+    check_overflowing_rows(backend, configs, x, dtype)
