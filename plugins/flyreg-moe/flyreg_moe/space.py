@@ -113,7 +113,8 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     (``benchmarks/moe_menu.py``):
 
     * r <= 16 (decode): 16 x 128 tiles, 128 deep, 4 warps, 3 stages, GEMM 2 split as
-      :func:`default_split` says;
+      :func:`default_split` says; above 8 rows, groups of up to 16 (the tuned configs of every
+      r = 12 to 16 workload group their row tiles; at Mixtral M = 64 ungrouped tiles read 1.15x slower);
     * r <= 32: 32 x 128 tiles, 64 deep, 4 warps, 4 stages, groups of up to 16;
     * r <= 64: 64 x 256 tiles, 8 warps, 3 stages while N < 2048 (few column tiles), else 64 x 128
       tiles, 4 warps, 5 stages, groups of up to 16;
@@ -122,8 +123,10 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     """
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
-    if r <= 16:
+    if r <= 8:
         bm, bn, bk, warps, stages, group = 16, 128, 128, 4, 3, 1
+    elif r <= 16:  # some experts get more than one row tile: grouped, they read their weights once from L2
+        bm, bn, bk, warps, stages, group = 16, 128, 128, 4, 3, 16
     elif r <= 32:
         bm, bn, bk, warps, stages, group = 32, 128, 64, 4, 4, 16
     elif r <= 64 and N < 2048:

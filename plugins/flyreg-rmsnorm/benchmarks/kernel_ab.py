@@ -102,9 +102,8 @@ def main() -> None:
                     print(f"{op:18s} {dtype:9s} M={M:<6d} N={N:<6d} before {row['before_us']:8.2f} us"
                           f"  after/before {statistics.median(row['after']):.3f}"
                           f"  same {statistics.median(row['same']):.3f}  identical={row['identical']}", flush=True)
-                    del row
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+                    if args.json:  # after every cell: a run cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps(rows, indent=1))
     med = [statistics.median(r["after"]) for r in rows]
     same = [statistics.median(r["same"]) for r in rows]
     print(f"{len(rows)} cells: after/before median {statistics.median(med):.4f} (min {min(med):.3f}, "
