@@ -1,10 +1,10 @@
 """Two versions of the plugin's Triton kernels, A/B on the served configs, in one run on a GPU.
 
-    python benchmarks/kernel_ab.py --before OLD/triton_kernels.py [--ops rmsnorm fused_add_rmsnorm]
+    python benchmarks/kernel_ab.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--ops rmsnorm fused_add_rmsnorm]
         [--dtype bfloat16 float32] [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--rounds 4] [--json out.json]
 
-``--before`` is an older ``flyreg_rmsnorm/triton_kernels.py`` (``git show REV:plugins/...``); the
-installed module is "after". For each cell both are bound to the config this machine serves, checked
+``--before`` is an older ``flyreg_rmsnorm/triton_kernels.py`` (``git show REV:plugins/...``); "after"
+is ``--after``, a variant under trial, or else the installed module. For each cell both are bound to the config this machine serves, checked
 to return the same bits on fresh random rows (a change meant to leave the common path alone must),
 and timed in steady state (:func:`rmsnorm_bandwidth.steady_ms`) in ``--rounds`` back-to-back pairs,
 alternating which goes first. ``after`` is after's time over before's (> 1: after is slower); ``same``
@@ -25,16 +25,16 @@ from typing import Any
 import torch
 
 import flyreg
-from flyreg_rmsnorm import triton_kernels as after_module
+from flyreg_rmsnorm import triton_kernels as installed_module
 
 from rmsnorm_bandwidth import EPS, GRID_M, GRID_N, paired_ratios, replay_calls, rotating_inputs, steady_ms
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def load_kernels(path: str) -> ModuleType:
+def load_kernels(path: str, name: str = "before") -> ModuleType:
     """The kernels module at ``path``, imported inside ``flyreg_rmsnorm`` (its relative imports resolve there)."""
-    spec = importlib.util.spec_from_file_location("flyreg_rmsnorm._kernels_before", path)
+    spec = importlib.util.spec_from_file_location(f"flyreg_rmsnorm._kernels_{name}", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--before: cannot import {path!r}")
     module = importlib.util.module_from_spec(spec)
@@ -49,7 +49,7 @@ def binder(module: ModuleType, op: str, config: Any) -> Any:
     return lambda *args: bind(*args, EPS, **config.kwargs, **config.hints)
 
 
-def measure_cell(before: ModuleType, op: str, M: int, N: int, dtype: torch.dtype, rounds: int,
+def measure_cell(before: ModuleType, after: ModuleType, op: str, M: int, N: int, dtype: torch.dtype, rounds: int,
                  reps: int) -> dict[str, Any]:
     xs, _, w = rotating_inputs(M, N, dtype)
     fused = op == "fused_add_rmsnorm"
@@ -59,14 +59,14 @@ def measure_cell(before: ModuleType, op: str, M: int, N: int, dtype: torch.dtype
     row: dict[str, Any] = {"op": op, "M": M, "N": N, "dtype": str(dtype).removeprefix("torch."),
                            "config": repr(res.config), "source": res.origin}
     runs = {}
-    for name, module in (("before", before), ("after", after_module), ("before2", before)):
+    for name, module in (("before", before), ("after", after), ("before2", before)):
         launch = binder(module, op, res.config)(*args[0])
         runs[name] = [lambda a=a, launch=launch: launch(*a) for a in args]
     x0 = torch.randn(M, N, device="cuda", dtype=dtype)  # the same bits out of both, fused residual included
     outs = []
     for name in ("before", "after"):
         r0 = torch.randn(M, N, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(1))
-        launch = binder(before if name == "before" else after_module, op, res.config)(*((x0, r0, w) if fused else (x0, w)))
+        launch = binder(before if name == "before" else after, op, res.config)(*((x0, r0, w) if fused else (x0, w)))
         outs.append((launch(x0, r0, w) if fused else launch(x0, w), r0))
     row["identical"] = all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
     calls = replay_calls((2 + 2 * fused) * M * N * xs[0].element_size(), len(xs))
@@ -80,6 +80,7 @@ def measure_cell(before: ModuleType, op: str, M: int, N: int, dtype: torch.dtype
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True, help="an older flyreg_rmsnorm/triton_kernels.py")
+    ap.add_argument("--after", default=None, help="a variant of it (default: the installed module)")
     ap.add_argument("--ops", nargs="+", default=["rmsnorm", "fused_add_rmsnorm"],
                     choices=["rmsnorm", "fused_add_rmsnorm"])
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=sorted(DTYPES))
@@ -92,12 +93,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     before = load_kernels(args.before)
+    after = load_kernels(args.after, "after") if args.after else installed_module
     rows = []
     for op in args.ops:
         for dtype in args.dtype:
             for M in args.M:
                 for N in args.N:
-                    row = measure_cell(before, op, M, N, DTYPES[dtype], args.rounds, args.reps)
+                    row = measure_cell(before, after, op, M, N, DTYPES[dtype], args.rounds, args.reps)
                     rows.append(row)
                     print(f"{op:18s} {dtype:9s} M={M:<6d} N={N:<6d} before {row['before_us']:8.2f} us"
                           f"  after/before {statistics.median(row['after']):.3f}"

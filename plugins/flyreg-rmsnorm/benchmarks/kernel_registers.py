@@ -1,12 +1,12 @@
 """Registers, spills and occupancy of every config the shipped artifacts serve, for two versions of
 the kernels, compiled and loaded on this machine's GPU.
 
-    python benchmarks/kernel_registers.py --before OLD/triton_kernels.py [--dtype bfloat16 float32]
+    python benchmarks/kernel_registers.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--dtype ...]
         [--workers 8] [--json out.json]
 
 Each distinct (op, dtype, N, row count's mask and index width, config) of
 ``flyreg_rmsnorm/configs`` is compiled the way a launch on dense rows compiles it
-(``kernel_ptx.py``), by the installed kernels module ("after") and by ``--before``. Occupancy is
+(``kernel_ptx.py``), by ``--before`` and by ``--after`` (default: the installed kernels module). Occupancy is
 warps resident a multiprocessor by registers alone (64K registers, allocated 256 a warp, at most
 64 warps and 32 blocks), the limit a change of registers can move.
 """
@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 import flyreg_rmsnorm
-from flyreg_rmsnorm import triton_kernels as after_module
+from flyreg_rmsnorm import triton_kernels as installed_module
 
 from kernel_ab import load_kernels
 from kernel_ptx import TYPES
@@ -78,6 +78,7 @@ def occupancy(regs: int, warps: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True, help="an older flyreg_rmsnorm/triton_kernels.py")
+    ap.add_argument("--after", default=None, help="a variant of it (default: the installed module)")
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=sorted(TYPES))
     ap.add_argument("--workers", type=int, default=8, help="compiles in parallel")
     ap.add_argument("--json", default=None, help="also write the rows here")
@@ -86,11 +87,12 @@ def main() -> None:
         ap.error("needs a CUDA GPU (the registers are read from the loaded binary)")
     major, minor = torch.cuda.get_device_capability()
     before = load_kernels(args.before)
+    after = load_kernels(args.after, "after") if args.after else installed_module
     cfgs = served_configs(args.dtype)
     arch = major * 10 + minor
     with ThreadPoolExecutor(args.workers) as pool:  # compiles in parallel; binaries loaded one at a time
         b = [counts(k) for k in list(pool.map(lambda c: compiled(before, c, arch), cfgs))]
-        a = [counts(k) for k in list(pool.map(lambda c: compiled(after_module, c, arch), cfgs))]
+        a = [counts(k) for k in list(pool.map(lambda c: compiled(after, c, arch), cfgs))]
     rows = [{"config": list(c), "before": rb, "after": ra, "occupancy": [occupancy(rb[0], c[6]), occupancy(ra[0], c[6])]}
             for c, rb, ra in zip(cfgs, b, a)]
     if args.json:

@@ -9,11 +9,7 @@ Knobs (constexpr):
 * ``ROWS``: rows per program, a power of two; the tile is ``ROWS x BLOCK_N``.
 
 All math is in float32 and rounded once at the end: ``y = (x * rstd) * float(weight)``,
-stored in x's dtype. A row whose float32 sum of squares overflows (|x| above about 1e19 / sqrt(N);
-bfloat16 and float32 rows only) is normalized again after the tile's stores, from the row re-read
-and scaled by 2**-80 (:func:`_rescue`), so it gets the float64 reference's answer instead of zeros.
-That branch is taken only when a sum overflowed, and its loops are kept rolled so that it adds no
-registers to the common path. ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in
+stored in x's dtype. ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in
 float32, rounded to residual's dtype) into ``residual`` and normalizes that stored,
 rounded value. On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
 dependents (``launch_pdl``, see :func:`flyreg.triton.pdl_supported`): a launch may start while the kernel before
@@ -38,74 +34,18 @@ import torch
 import triton
 import triton.language as tl
 
-from flyreg.triton import compiled_launcher, dependent_start, hints, interpreted, resolve_pdl
+from flyreg.triton import compiled_launcher, dependent_start, hints, resolve_pdl
 
 from .checks import check_eps, check_fused_add, check_rmsnorm
 
 
 @triton.jit
-def _first_row(ROWS: tl.constexpr, OFF64: tl.constexpr):
-    # This program's first row: int32 where every element offset fits, else int64.
+def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
+    # This program's row indices: int32 where every element offset fits, else int64.
     pid = tl.program_id(0)
     if OFF64:
         pid = pid.to(tl.int64)
-    return pid * ROWS
-
-
-@triton.jit
-def _rows(ROWS: tl.constexpr, OFF64: tl.constexpr):
-    return _first_row(ROWS, OFF64) + tl.arange(0, ROWS)
-
-
-#: Largest finite float32; a sum of squares above it overflowed.
-_F32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
-#: 2**-80: squares of rows scaled by it cannot overflow, and for a row whose plain sum did, the squares
-#: that underflow are below float32's precision of the sum.
-_SCALE: tl.constexpr = tl.constexpr(2.0**-80)
-#: The rescue rewrites rows whose scaled sum reaches 2**127 (2**-33 scaled): every row whose plain sum
-#: overflowed, whatever the order the two sums were added in.
-_RESCUED_FROM: tl.constexpr = tl.constexpr(2.0**-33)
-#: ``.pragma "nounroll"`` opens each loop of the rescue: ptxas would otherwise unroll it up to the
-#: register limit, which costs every launch occupancy. Only a compiled kernel runs inline assembly.
-_NO_UNROLL: tl.constexpr = tl.constexpr(not interpreted())
-
-
-@triton.jit
-def _overflowed(ss):
-    # Whether the sum of squares of some row of the tile overflowed (a NaN row did not: it stays NaN).
-    return tl.max((ss > _F32_MAX).to(tl.int32), axis=0) > 0
-
-
-@triton.jit
-def _rescue(V, W, Y, M, stride_v, eps, first_row, N: tl.constexpr, ROWS: tl.constexpr, V_DENSE: tl.constexpr):
-    # Rewrites y of the tile's rows whose float32 sum of squares overflowed, from V (the stored row that
-    # was normalized) read again and scaled by _SCALE, one 128-element chunk at a time.
-    CHUNK: tl.constexpr = 128
-    tl.debug_barrier()  # the tile's stores (y, and the fused op's residual) are visible to every thread
-    cols = tl.arange(0, CHUNK)
-    for row in tl.range(first_row, tl.minimum(first_row + ROWS, M)):
-        if _NO_UNROLL:  # inline here, first in the loop: a call would open it with a debug label
-            tl.inline_asm_elementwise('.pragma "nounroll";', "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1)
-        v_row = row * (N if V_DENSE else stride_v)
-        acc = tl.zeros([CHUNK], dtype=tl.float32)
-        for start in tl.range(0, N, CHUNK):
-            if _NO_UNROLL:
-                tl.inline_asm_elementwise('.pragma "nounroll";', "=r,r", [row], dtype=tl.int32, is_pure=False,
-                                          pack=1)
-            c = start + cols
-            v = tl.load(V + (v_row + c), mask=c < N, other=0.0).to(tl.float32) * _SCALE
-            acc += v * v
-        ss = tl.sum(acc, axis=0)
-        if ss >= _RESCUED_FROM:
-            rstd = tl.rsqrt(ss / N + eps * _SCALE * _SCALE) * _SCALE
-            for start in tl.range(0, N, CHUNK):
-                if _NO_UNROLL:
-                    tl.inline_asm_elementwise('.pragma "nounroll";', "=r,r", [row], dtype=tl.int32, is_pure=False,
-                                              pack=1)
-                c = start + cols
-                v = tl.load(V + (v_row + c), mask=c < N, other=0.0).to(tl.float32)
-                w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-                tl.store(Y + (row * N + c), (v * rstd * w).to(Y.dtype.element_ty), mask=c < N)
+    return pid * ROWS + tl.arange(0, ROWS)
 
 
 # M only bounds the row mask: not specializing it (on M == 1, or on M % 16) keeps one binary for
@@ -134,13 +74,9 @@ def _rmsnorm_kernel(
         x = tl.load(X + (x_row + cols[None, :]), mask=mask, other=0.0).to(tl.float32)
         # In flight with x, not after the sum; evict_last keeps the weight, read by every program, in L2.
         w = tl.load(W + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        ss = tl.sum(x * x, axis=1)
-        rstd = tl.rsqrt(ss / N + eps)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         y = x * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
-        if X.dtype.element_ty != tl.float16:  # a float16 row's sum of squares cannot overflow float32
-            if _overflowed(ss):
-                _rescue(X, W, Y, M, stride_x, eps, _first_row(ROWS, OFF64), N, ROWS, X_DENSE)
     else:
         # Pass 1 keeps the row in L2 (evict_last) for pass 2, which reads it for the last time.
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -149,8 +85,7 @@ def _rmsnorm_kernel(
             mask = row_mask & (c < N)[None, :]
             x = tl.load(X + (x_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc += x * x
-        ss = tl.sum(acc, axis=1)
-        rstd = tl.rsqrt(ss / N + eps)[:, None]
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
@@ -159,9 +94,6 @@ def _rmsnorm_kernel(
             w = tl.load(W + c, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             y = x * rstd * w[None, :]
             tl.store(Y + (y_row + c[None, :]), y.to(Y.dtype.element_ty), mask=mask)
-        if X.dtype.element_ty != tl.float16:  # a float16 row's sum of squares cannot overflow float32
-            if _overflowed(ss):
-                _rescue(X, W, Y, M, stride_x, eps, _first_row(ROWS, OFF64), N, ROWS, X_DENSE)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -186,16 +118,12 @@ def _fused_add_rmsnorm_kernel(
         h = (r + x).to(R.dtype.element_ty)
         tl.store(R + (r_row + cols[None, :]), h, mask=mask)
         v = h.to(tl.float32)
-        ss = tl.sum(v * v, axis=1)
-        rstd = tl.rsqrt(ss / N + eps)
+        rstd = tl.rsqrt(tl.sum(v * v, axis=1) / N + eps)
         y = v * rstd[:, None] * w[None, :]
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
-        if R.dtype.element_ty != tl.float16:
-            if _overflowed(ss):
-                _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, ROWS, R_DENSE)
     else:
         # Pass 1 only reads; pass 2 recomputes the (identically rounded) sum and stores it.
-        # So no thread ever reads a residual element that another thread wrote (but _rescue, after a barrier).
+        # So no thread ever reads a residual element that another thread wrote.
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             c = start + cols
@@ -204,8 +132,7 @@ def _fused_add_rmsnorm_kernel(
             r = tl.load(R + (r_row + c[None, :]), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             v = (r + x).to(R.dtype.element_ty).to(tl.float32)
             acc += v * v
-        ss = tl.sum(acc, axis=1)
-        rstd = tl.rsqrt(ss / N + eps)[:, None]
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)[:, None]
         for start in range(0, N, BLOCK_N):
             c = start + cols
             col_mask = c < N
@@ -217,9 +144,6 @@ def _fused_add_rmsnorm_kernel(
             w = tl.load(W + c, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             y = h.to(tl.float32) * rstd * w[None, :]
             tl.store(Y + (y_row + c[None, :]), y.to(Y.dtype.element_ty), mask=mask)
-        if R.dtype.element_ty != tl.float16:
-            if _overflowed(ss):
-                _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, ROWS, R_DENSE)
 
 
 def _check_knobs(BLOCK_N: int, ROWS: int) -> None:
