@@ -36,7 +36,7 @@ def load_kernels(path: str, name: str = "before") -> ModuleType:
     """The kernels module at ``path``, imported inside ``flyreg_rmsnorm`` (its relative imports resolve there)."""
     spec = importlib.util.spec_from_file_location(f"flyreg_rmsnorm._kernels_{name}", path)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"--before: cannot import {path!r}")
+        raise SystemExit(f"--{name}: cannot import {path!r}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

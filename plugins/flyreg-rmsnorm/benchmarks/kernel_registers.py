@@ -4,11 +4,12 @@ the kernels, compiled and loaded on this machine's GPU.
     python benchmarks/kernel_registers.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--dtype ...]
         [--workers 8] [--json out.json]
 
-Each distinct (op, dtype, N, row count's mask and index width, config) of
-``flyreg_rmsnorm/configs`` is compiled the way a launch on dense rows compiles it
-(``kernel_ptx.py``), by ``--before`` and by ``--after`` (default: the installed kernels module). Occupancy is
-warps resident a multiprocessor by registers alone (64K registers, allocated 256 a warp, at most
-64 warps and 32 blocks), the limit a change of registers can move.
+Each distinct kernel of ``flyreg_rmsnorm/configs`` (op, dtype, constexprs and hints: 271 for the
+450 artifacts, M mattering only through the row mask and the index width) is compiled the way a
+launch on dense rows compiles it (``kernel_ptx.py``), by ``--before`` and by ``--after`` (default:
+the installed kernels module). Occupancy is warps resident a multiprocessor by registers alone (64K
+registers, allocated 256 a warp, at most 64 warps and 32 blocks), the limit a change of registers
+can move.
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ from kernel_ptx import TYPES
 
 
 def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
-    """(op, dtype, M, N, BLOCK_N, ROWS, num_warps, num_stages) of every shipped Triton artifact."""
-    out = set()
-    for path in (Path(flyreg_rmsnorm.__file__).parent / "configs").glob("*.json"):
+    """(op, dtype, M, N, BLOCK_N, ROWS, num_warps, num_stages), one for each distinct kernel the shipped
+    Triton artifacts compile: M only matters through the constexprs it sets (the row mask, the index width)."""
+    out: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for path in sorted((Path(flyreg_rmsnorm.__file__).parent / "configs").glob("*.json")):
         a = json.loads(path.read_text())
         spec, config = a["spec"], a["config"]
         if spec.get("backend") == "triton" and spec["dtype"] in dtypes:
-            out.add((a["op"], spec["dtype"], spec["M"], spec["N"], config["kwargs"]["BLOCK_N"],
-                     config["kwargs"]["ROWS"], config["hints"].get("num_warps", 4), config["hints"].get("num_stages")))
-    return sorted(out, key=repr)
+            cfg = (a["op"], spec["dtype"], spec["M"], spec["N"], config["kwargs"]["BLOCK_N"],
+                   config["kwargs"]["ROWS"], config["hints"].get("num_warps", 4), config["hints"].get("num_stages"))
+            op, dtype, M, N, block_n, rows, warps, stages = cfg
+            strides = (N, N) if op == "fused_add_rmsnorm" else (N,)
+            consts = installed_module._constexprs(M, N, block_n, rows, True, *strides)
+            out.setdefault((op, dtype, warps, stages, tuple(sorted(consts.items()))), cfg)
+    return sorted(out.values(), key=repr)
 
 
 def compiled(module: ModuleType, cfg: tuple[Any, ...], arch: int) -> Any:
