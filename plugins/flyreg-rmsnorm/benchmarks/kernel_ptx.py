@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -21,6 +22,27 @@ from triton.backends.compiler import GPUTarget
 TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 #: PTX instructions that show the kernel's schedule.
 SHOWN = re.compile(r"\b(ld\.global|st\.global|griddepcontrol|bar\.sync|shfl\.sync|createpolicy|ret;)")
+
+
+def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: int, rows: int, warps: int,
+                   stages: int | None, arch: int, pdl: bool = True) -> Any:
+    """``module``'s kernel of ``op`` (a ``flyreg_rmsnorm.triton_kernels``) compiled for compute capability
+    ``arch`` the way a launch on dense M x N rows of ``dtype`` binds it: the launch's constexprs, 16-byte
+    aligned pointers as the JIT specializes them."""
+    ptr = TYPES[dtype]
+    if op == "fused_add_rmsnorm":
+        kernel = module._fused_add_rmsnorm_kernel
+        sig = {"X": ptr, "R": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"}
+        consts = module._constexprs(M, N, block_n, rows, pdl, N, N)
+    else:
+        kernel = module._rmsnorm_kernel
+        sig = {"X": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "eps": "fp32"}
+        consts = module._constexprs(M, N, block_n, rows, pdl, N)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+    src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}},
+                                    constexprs=consts, attrs=attrs)
+    options = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {})}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def main() -> None:
@@ -43,26 +65,14 @@ def main() -> None:
 
     if interpreted():
         ap.error("TRITON_INTERPRET is set: the kernels are interpreted, not compiled; unset it")
-    pdl = not args.no_pdl
-    ptr = TYPES[args.dtype]
-    if args.fused:
-        kernel = tk._fused_add_rmsnorm_kernel
-        sig = {"X": ptr, "R": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"}
-        consts = tk._constexprs(args.M, args.N, args.block_n, args.rows, pdl, args.N, args.N)
-    else:
-        kernel = tk._rmsnorm_kernel
-        sig = {"X": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "eps": "fp32"}
-        consts = tk._constexprs(args.M, args.N, args.block_n, args.rows, pdl, args.N)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
-    src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}},
-                                    constexprs=consts, attrs=attrs)
-    options = {"num_warps": args.warps, **({"num_stages": args.stages} if args.stages else {}),
-               **({"launch_pdl": True} if pdl else {})}
-    ptx = triton.compile(src, target=GPUTarget("cuda", args.arch, 32), options=options).asm["ptx"]
+    compiled = compile_config(tk, "fused_add_rmsnorm" if args.fused else "rmsnorm", args.dtype, args.M, args.N,
+                              args.block_n, args.rows, args.warps, args.stages, args.arch, pdl=not args.no_pdl)
+    ptx = compiled.asm["ptx"]
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(ptx)
-    print(f"{kernel.__name__} {args.dtype} M={args.M} N={args.N} {consts} {options}")
+    print(f"{compiled.name} {args.dtype} M={args.M} N={args.N} BLOCK_N={args.block_n} ROWS={args.rows} "
+          f"num_warps={args.warps} num_stages={args.stages} pdl={not args.no_pdl}")
     for n, line in enumerate(ptx.splitlines(), 1):
         if args.all or SHOWN.search(line):
             print(f"{n:6d}  {line.strip()}")

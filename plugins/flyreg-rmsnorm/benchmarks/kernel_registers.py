@@ -23,14 +23,12 @@ from types import ModuleType
 from typing import Any
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
 
 import flyreg_rmsnorm
 from flyreg_rmsnorm import triton_kernels as installed_module
 
 from kernel_ab import load_kernels
-from kernel_ptx import TYPES
+from kernel_ptx import TYPES, compile_config
 
 
 def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
@@ -53,20 +51,7 @@ def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
 def compiled(module: ModuleType, cfg: tuple[Any, ...], arch: int) -> Any:
     """``module``'s kernel for ``cfg``, compiled for compute capability ``arch``."""
     op, dtype, M, N, block_n, rows, warps, stages = cfg
-    ptr = TYPES[dtype]
-    if op == "fused_add_rmsnorm":
-        kernel = module._fused_add_rmsnorm_kernel
-        sig = {"X": ptr, "R": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"}
-        consts = module._constexprs(M, N, block_n, rows, True, N, N)
-    else:
-        kernel = module._rmsnorm_kernel
-        sig = {"X": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "eps": "fp32"}
-        consts = module._constexprs(M, N, block_n, rows, True, N)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
-    src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}},
-                                    constexprs=consts, attrs=attrs)
-    options = {"num_warps": warps, "launch_pdl": True, **({"num_stages": stages} if stages else {})}
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    return compile_config(module, op, dtype, M, N, block_n, rows, warps, stages, arch)
 
 
 def counts(kernel: Any) -> tuple[int, int]:
