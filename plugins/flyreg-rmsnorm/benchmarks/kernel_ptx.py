@@ -25,10 +25,10 @@ SHOWN = re.compile(r"\b(ld\.global|st\.global|griddepcontrol|bar\.sync|shfl\.syn
 
 
 def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: int, rows: int, warps: int,
-                   stages: int | None, arch: int, pdl: bool = True) -> Any:
+                   stages: int | None, arch: int, pdl: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """``module``'s kernel of ``op`` (a ``flyreg_rmsnorm.triton_kernels``) compiled for compute capability
-    ``arch`` the way a launch on dense M x N rows of ``dtype`` binds it: the launch's constexprs, 16-byte
-    aligned pointers as the JIT specializes them."""
+    ``arch`` the way a launch on dense M x N rows of ``dtype`` binds it (the launch's constexprs, 16-byte
+    aligned pointers as the JIT specializes them): the compiled kernel, its constexprs and its options."""
     ptr = TYPES[dtype]
     if op == "fused_add_rmsnorm":
         kernel = module._fused_add_rmsnorm_kernel
@@ -42,7 +42,7 @@ def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: in
     src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}},
                                     constexprs=consts, attrs=attrs)
     options = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {})}
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), consts, options
 
 
 def main() -> None:
@@ -65,14 +65,13 @@ def main() -> None:
 
     if interpreted():
         ap.error("TRITON_INTERPRET is set: the kernels are interpreted, not compiled; unset it")
-    compiled = compile_config(tk, "fused_add_rmsnorm" if args.fused else "rmsnorm", args.dtype, args.M, args.N,
+    compiled, consts, options = compile_config(tk, "fused_add_rmsnorm" if args.fused else "rmsnorm", args.dtype, args.M, args.N,
                               args.block_n, args.rows, args.warps, args.stages, args.arch, pdl=not args.no_pdl)
     ptx = compiled.asm["ptx"]
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(ptx)
-    print(f"{compiled.name} {args.dtype} M={args.M} N={args.N} BLOCK_N={args.block_n} ROWS={args.rows} "
-          f"num_warps={args.warps} num_stages={args.stages} pdl={not args.no_pdl}")
+    print(f"{compiled.name} {args.dtype} M={args.M} N={args.N} {consts} {options}")
     for n, line in enumerate(ptx.splitlines(), 1):
         if args.all or SHOWN.search(line):
             print(f"{n:6d}  {line.strip()}")

@@ -51,7 +51,7 @@ def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
 def compiled(module: ModuleType, cfg: tuple[Any, ...], arch: int) -> Any:
     """``module``'s kernel for ``cfg``, compiled for compute capability ``arch``."""
     op, dtype, M, N, block_n, rows, warps, stages = cfg
-    return compile_config(module, op, dtype, M, N, block_n, rows, warps, stages, arch)
+    return compile_config(module, op, dtype, M, N, block_n, rows, warps, stages, arch)[0]
 
 
 def counts(kernel: Any) -> tuple[int, int]:
