@@ -13,6 +13,10 @@ programs share (consecutive tiles are mostly one expert) is read from L2.
   over N optionally split ``SPLIT_K`` ways (a second grid axis) into float32 partials.
 * :func:`_reduce_kernel`: ``out[m] = sum_j sum_s y_s[m * topk + j]`` over the routed pairs.
 
+With ``TMA`` the weight tiles are read by the tensor memory accelerator: ``W1`` (``W2``) is then a
+host-side tensor descriptor over w1 as [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K]
+blocks, which zero-fills what lies past the reduction's end, instead of a pointer.
+
 Knobs that only change arithmetic on runtime values (GROUP_M, SPLIT_K) are runtime arguments, so
 configs that differ in them share one binary.
 """
@@ -49,50 +53,110 @@ def _rows(SORTED, pid_m, P, BLOCK_M: tl.constexpr):
     return tl.where(valid, pairs, 0), valid
 
 
+@triton.jit
+def _slots(SORTED, start, rows, P, BLOCK_M: tl.constexpr):
+    # The pair indices of a table tile's ``rows`` slots from ``start`` (BLOCK_M >= rows) and which hold a pair.
+    i = tl.arange(0, BLOCK_M)
+    pairs = tl.load(SORTED + start + i, mask=i < rows, other=P)
+    valid = pairs < P
+    return tl.where(valid, pairs, 0), valid
+
+
+@triton.jit
+def _tile_slots(TABLE, pid_m, tiles_m):
+    # (first slot, slots) of row tile pid_m in the routing's tile table.
+    return tl.load(TABLE + 1 + pid_m), tl.load(TABLE + 1 + tiles_m + pid_m)
+
+
 # x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors.
 @triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "topk"])
-def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, ROWS_USED, P, tiles_m, group_m, topk, x_stride, N, K,
+def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, topk, x_stride, N, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
-                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr):
+                    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
+                    TAILS: tl.constexpr = 0):
     width = N if FUSED else 2 * N  # output columns
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(width, BLOCK_N), group_m)
-    if pid_m * BLOCK_M >= tl.load(ROWS_USED):
-        return
-    pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+    if TAILS == 0:
+        if pid_m * BLOCK_M >= tl.load(USED):
+            return
+        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+        _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+                      BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+    else:
+        if pid_m >= tl.load(USED):
+            return
+        start, rows = _tile_slots(USED, pid_m, tiles_m)
+        if rows > BLOCK_M // 2:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
+            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+                          BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+        elif TAILS == 1:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
+            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+        elif rows > BLOCK_M // 4:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
+            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+        else:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 4)
+            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+                          BLOCK_M // 4, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+
+
+@triton.jit
+def _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    # GEMM 1 of one tile: its BLOCK_M slots' pairs (valid: slots that hold one), output columns pid_n.
     e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < width
     wcols = tl.where(col_ok, cols, 0)  # in-bounds rows of w1 for masked columns
     ks = tl.arange(0, BLOCK_K)
     a_ptr = X + ((pairs // topk).to(tl.int64) * x_stride)[:, None] + ks[None, :]
-    g_ptr = W1 + e * (2 * N * K) + (wcols.to(tl.int64) * K)[None, :] + ks[:, None]
+    if TMA:  # the tile's first gate (or, unfused, output) row of w1 as [E * 2N, K]
+        w_row = (e * (2 * N) + pid_n * BLOCK_N).to(tl.int32)
+    else:
+        g_ptr = W1 + e * (2 * N * K) + (wcols.to(tl.int64) * K)[None, :] + ks[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if FUSED:
-        u_ptr = g_ptr + N * K
+        if not TMA:
+            u_ptr = g_ptr + N * K
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr)
-            g = tl.load(g_ptr)
         else:
             k_ok = ks < K - k0
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+        if TMA:
+            g = W1.load([w_row, k0]).T
+        elif EVEN_K:
+            g = tl.load(g_ptr)
+        else:
             g = tl.load(g_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a, g, acc, UPCAST)
         if FUSED:
-            if EVEN_K:
+            if TMA:
+                u = W1.load([w_row + N, k0]).T
+            elif EVEN_K:
                 u = tl.load(u_ptr)
             else:
                 u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
             acc_u = _mma(a, u, acc_u, UPCAST)
-            u_ptr += BLOCK_K
+            if not TMA:
+                u_ptr += BLOCK_K
         a_ptr += BLOCK_K
-        g_ptr += BLOCK_K
+        if not TMA:
+            g_ptr += BLOCK_K
     if FUSED:
         acc = acc * tl.sigmoid(acc) * acc_u
     out = H + (pairs.to(tl.int64) * width)[:, None] + cols[None, :]
     mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
     tl.store(out, acc.to(H.dtype.element_ty), mask=mask)
+
+
 
 
 @triton.jit(do_not_specialize=["P", "N"])
@@ -107,16 +171,47 @@ def _silu_mul_kernel(GU, H, P, N, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "split_k", "k_tiles_per_split"])
-def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, ROWS_USED, TOPK_W, P, tiles_m, group_m, split_k,
+def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group_m, split_k,
                  k_tiles_per_split, N, K,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
-                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr):
+                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
+                 TAILS: tl.constexpr = 0):
     # Output columns are K (x's width); the reduction runs over N. PARTIAL: float32 partials per split.
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(K, BLOCK_N), group_m)
     split = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(ROWS_USED):
-        return
-    pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+    if TAILS == 0:
+        if pid_m * BLOCK_M >= tl.load(USED):
+            return
+        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+        _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N, K,
+                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+    else:
+        if pid_m >= tl.load(USED):
+            return
+        start, rows = _tile_slots(USED, pid_m, tiles_m)
+        if rows > BLOCK_M // 2:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
+            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
+                       K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+        elif TAILS == 1:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
+            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
+                       K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+        elif rows > BLOCK_M // 4:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
+            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
+                       K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+        else:
+            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 4)
+            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
+                       K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+
+
+@triton.jit
+def _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N, K,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
+               EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    # GEMM 2 of one tile: its BLOCK_M slots' pairs, output columns pid_n, reduction split ``split``.
     e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < K
@@ -125,19 +220,27 @@ def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, ROWS_USED, TOPK_W, P, tiles_m, 
     k_first = split * k_tiles_per_split * BLOCK_K
     k_end = tl.minimum(N, k_first + k_tiles_per_split * BLOCK_K)
     a_ptr = H + (pairs.to(tl.int64) * N)[:, None] + (k_first + ks)[None, :]
-    b_ptr = W2 + e * (K * N) + (wcols.to(tl.int64) * N)[None, :] + (k_first + ks)[:, None]
+    if TMA:  # the tile's first row of w2 as [E * K, N]
+        w_row = (e * K + pid_n * BLOCK_N).to(tl.int32)
+    else:
+        b_ptr = W2 + e * (K * N) + (wcols.to(tl.int64) * N)[None, :] + (k_first + ks)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_first, k_end, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr)
-            b = tl.load(b_ptr)
         else:
             k_ok = ks < k_end - k0
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+        if TMA:
+            b = W2.load([w_row, k0]).T
+        elif EVEN_K:
+            b = tl.load(b_ptr)
+        else:
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a, b, acc, UPCAST)
         a_ptr += BLOCK_K
-        b_ptr += BLOCK_K
+        if not TMA:
+            b_ptr += BLOCK_K
     acc = acc * tl.load(TOPK_W + pairs, mask=valid, other=0.0)[:, None]
     mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
     rows = pairs.to(tl.int64) * K

@@ -5,7 +5,11 @@ Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The r
 * ``sorted_ids`` [rows]: pair indices grouped by expert (in pair order within an expert), each
   expert's run padded with the sentinel ``P`` (the pair count) to a multiple of ``BLOCK_M``;
 * ``block_expert`` [rows / BLOCK_M]: the expert of each row tile;
-* ``rows_used`` [1]: the padded rows in use; row tiles at or past it have no work.
+* ``rows_used`` [1]: the padded rows in use; row tiles at or past it have no work;
+* with tail tiles (a GEMM knob ``TAILS`` > 0), runs are padded to ``BLOCK_M >> TAILS`` rows instead
+  and cut into tiles of ``BLOCK_M`` rows, each expert's last tile holding what is left of its run
+  (a multiple of the alignment, at most ``BLOCK_M``): the tile table [tiles in use, each tile's first
+  slot, each tile's slot count], and ``block_expert`` by tile.
 
 ``rows`` is :func:`padded_rows`, a bound that holds for every routing, so the grid of the GEMMs
 after it depends on the shapes alone (a CUDA graph can hold the whole call). Three launches:
@@ -40,6 +44,12 @@ def padded_rows(P: int, E: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
+def table_tiles(P: int, E: int, block_m: int) -> int:
+    """Row tiles of the tile table for P pairs over E experts: an expert's run of c pairs, aligned to a
+    divisor of ``block_m``, takes ceil(c / block_m) tiles, at most floor(c / block_m) + 1."""
+    return P // block_m + min(E, P)
+
+
 def chunk_size(E: int) -> int:
     """Pairs a routing program takes: a one-hot tile of at most :data:`ONE_HOT_ELEMS` elements."""
     return max(16, min(1024, ONE_HOT_ELEMS // next_pow2(max(E, 16))))
@@ -68,9 +78,9 @@ def _count_kernel(IDS, COUNTS, SORTED, P, E, rows, fill_per_program,
                  mask=(slots < rows) & (slots < start + fill_per_program))
 
 
-@triton.jit(do_not_specialize=["chunks", "tiles", "block_m"])
-def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, chunks, tiles, block_m,
-                    E_P2: tl.constexpr, SCAN: tl.constexpr, LABEL: tl.constexpr):
+@triton.jit(do_not_specialize=["chunks", "tiles", "block_m", "tile_m"])
+def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, TABLE, chunks, tiles, block_m, tile_m,
+                    E_P2: tl.constexpr, SCAN: tl.constexpr, LABEL: tl.constexpr, TILE_TABLE: tl.constexpr):
     e = tl.arange(0, E_P2)
     total = tl.zeros([E_P2], dtype=tl.int32)
     for c0 in range(0, chunks, SCAN):
@@ -89,12 +99,30 @@ def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, chunks, tiles, block_m,
         cnt = tl.load(where, mask=mask, other=0)
         tl.store(where, carry[None, :] + tl.cumsum(cnt, axis=0) - cnt, mask=mask)
         carry += tl.sum(cnt, axis=0)
-    # A tile's expert: how many experts' runs end at or before its first row (tiles past the used rows
-    # get E_P2 or less; the GEMMs never read them).
-    for t0 in range(0, tiles, LABEL):
-        t = t0 + tl.arange(0, LABEL)
-        expert = tl.sum((ends[None, :] <= (t * block_m)[:, None]).to(tl.int32), axis=1)
-        tl.store(BLOCK_EXPERT + t, tl.minimum(expert, E_P2 - 1), mask=t < tiles)
+    if TILE_TABLE:
+        # Runs aligned to block_m, cut into tiles of tile_m rows, an expert's last tile holding what is left:
+        # TABLE is [tiles in use, each tile's first slot ..., each tile's slots ...].
+        n_tiles = (padded + tile_m - 1) // tile_m
+        tile_ends = tl.cumsum(n_tiles, axis=0)
+        tl.store(TABLE, tl.sum(n_tiles, axis=0))
+        shift = ends - padded - (tile_ends - n_tiles) * tile_m  # an expert's first slot less its first tile's
+        for t0 in range(0, tiles, LABEL):
+            t = t0 + tl.arange(0, LABEL)
+            expert = tl.sum((tile_ends[None, :] <= t[:, None]).to(tl.int32), axis=1)
+            mine = expert[:, None] == e[None, :]
+            first = tl.sum(tl.where(mine, shift[None, :], 0), axis=1) + t * tile_m
+            end = tl.sum(tl.where(mine, ends[None, :], 0), axis=1)
+            ok = t < tiles
+            tl.store(BLOCK_EXPERT + t, tl.minimum(expert, E_P2 - 1), mask=ok)
+            tl.store(TABLE + 1 + t, first, mask=ok)
+            tl.store(TABLE + 1 + tiles + t, tl.minimum(end - first, tile_m), mask=ok)
+    else:
+        # A tile's expert: how many experts' runs end at or before its first row (tiles past the used rows
+        # get E_P2 or less; the GEMMs never read them).
+        for t0 in range(0, tiles, LABEL):
+            t = t0 + tl.arange(0, LABEL)
+            expert = tl.sum((ends[None, :] <= (t * block_m)[:, None]).to(tl.int32), axis=1)
+            tl.store(BLOCK_EXPERT + t, tl.minimum(expert, E_P2 - 1), mask=t < tiles)
 
 
 @triton.jit(do_not_specialize=["P", "E"])

@@ -5,7 +5,13 @@ A spec is ``{"E", "N", "K", "topk", "M": m_bucket(rows), "dtype", "backend"}``. 
 both GEMMs; GEMM 1 computes that many gate and as many up columns), ``BLOCK_K`` (reduction depth a
 step), ``GROUP_M`` (row tiles a group of programs walks per column tile) and ``SPLIT_K`` (ways
 GEMM 2's reduction over N is split, float32 partials summed by the top-k reduction), with the hints
-``num_warps`` and ``num_stages``. CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
+``num_warps`` and ``num_stages``. ``TMA=True`` has both GEMMs read their weight tiles through tensor
+descriptors (the tensor memory accelerator) instead of pointer loads; a config without the knob uses
+pointer loads (as every config did before it), and it is offered where :func:`tma_fits` the shapes.
+``TAILS`` (1 or 2) pads each expert's run to ``BLOCK_M >> TAILS`` rows instead of BLOCK_M and lets its
+last row tile multiply only the half or quarter of BLOCK_M it needs; offered where an expert gets at
+least BLOCK_M rows on average, absent means none.
+CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ GROUP_MS = (1, 4, 8, 16, 32)
 SPLIT_KS = (1, 2, 4, 8)
 WARPS = (4, 8)
 STAGES = (2, 3, 4, 5)
+#: Halvings of BLOCK_M an expert's last row tile may take (0: none).
+TAILS = (0, 1, 2)
 
 #: Shared memory a program may use on the H200 (227 KiB a block), less room for the epilogue.
 SMEM_BYTES = 227 * 1024 - 8 * 1024
@@ -68,6 +76,12 @@ def rows_per_expert(spec: Mapping[str, Any]) -> int:
     return max(1, -(-M * topk // E))
 
 
+def tma_fits(E: int, N: int, K: int, itemsize: int = 2) -> bool:
+    """Whether TMA can read the weights of these shapes: 16-byte row strides (w1's K, w2's N) and row
+    indices of w1 as [E * 2N, K] and of w2 as [E * K, N] that fit an int32."""
+    return (K * itemsize) % 16 == 0 and (N * itemsize) % 16 == 0 and E * 2 * N < 2 ** 31 and E * K < 2 ** 31
+
+
 def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
     """Shared memory of GEMM 1's pipeline (x tile and the gate and up tiles, 2 bytes an element)."""
     return stages * (bm * bk + 2 * bk * bn) * 2
@@ -94,15 +108,18 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     r = rows_per_expert(spec)
     max_bm = max(BLOCK_MS[0], _next_pow2(r))
     groups = _groups(spec)
+    tmas = (False, True) if tma_fits(E, N, K) else (False,)
     out = []
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
         if not _tile_ok(bm, bn, bk, warps, stages, max_bm):
             continue
         k_tiles = -(-N // bk)
         splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and k_tiles >= 2 * s)]
-        for g, s in itertools.product(groups, splits):
-            out.append(Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s},
-                              num_warps=warps, num_stages=stages))
+        tails = [t for t in TAILS if t == 0 or (r >= bm and bm >> t >= BLOCK_MS[0])]
+        for g, s, tma, tail in itertools.product(groups, splits, tmas, tails):
+            knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s,
+                     **({"TMA": True} if tma else {}), **({"TAILS": tail} if tail else {})}
+            out.append(Config(knobs, num_warps=warps, num_stages=stages))
     return out
 
 

@@ -1,6 +1,6 @@
 """The fused MoE on the GPU: routing, GEMM 1, GEMM 2 and the top-k reduction, bound once per call signature.
 
-:func:`bind_fused_moe` checks a call, sizes every grid from the shapes alone (:func:`.routing.padded_rows`)
+:func:`bind_fused_moe` checks a call, sizes every grid from the shapes alone (:class:`.routing_plan.RoutingPlan`)
 and compiles the kernels; the launcher it returns allocates the call's buffers and launches six
 kernels (seven unfused), none of which waits on the host, so a CUDA graph can capture the call.
 """
@@ -13,64 +13,80 @@ from typing import Any
 import torch
 import triton
 
-from flyreg.triton import compiled_launcher, hints, interpreted
+from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted
 
 from . import gemm_kernels as gk
 from . import routing
 from .checks import check_ids, check_moe
+from .routing_plan import RoutingPlan, RoutingViews
+from .space import tma_fits
 
 #: Columns a reduction (and an unfused SiLU-and-mul) program covers at most.
 REDUCE_BLOCK = 1024
 #: Knobs that must be powers of two, and their smallest values (tl.dot needs 16 rows, columns and depth).
 POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+#: Values of TAILS: the halvings of BLOCK_M an expert's last row tile may take.
+MAX_TAILS = (0, 1, 2)
 
 
-def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int) -> None:
-    """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes) or >= 1."""
+def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
+                TAILS: int = 0) -> None:
+    """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes), an int >= 1
+    (GROUP_M, SPLIT_K), a bool (TMA), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16 (TAILS)."""
     for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("BLOCK_K", BLOCK_K)):
         if isinstance(value, bool) or not isinstance(value, int) or value < POW2_KNOBS[name] or value & (value - 1):
             raise ValueError(f"fused_moe: {name} must be a power of two >= {POW2_KNOBS[name]}, got {value!r}")
     for name, value in (("GROUP_M", GROUP_M), ("SPLIT_K", SPLIT_K)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"fused_moe: {name} must be an int >= 1, got {value!r}")
+    if not isinstance(TMA, bool):
+        raise ValueError(f"fused_moe: TMA must be a bool, got {TMA!r}")
+    if isinstance(TAILS, bool) or not isinstance(TAILS, int) or TAILS not in MAX_TAILS or BLOCK_M >> TAILS < POW2_KNOBS["BLOCK_M"]:
+        raise ValueError(f"fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= {POW2_KNOBS['BLOCK_M']}, "
+                         f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")
 
 
 def _capturing(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _aligned(n: int) -> int:
-    return -(-n // 16) * 16
+def _tma_aligned(w1: torch.Tensor, w2: torch.Tensor) -> bool:
+    return (w1.data_ptr() | w2.data_ptr()) % ALIGN == 0
+
+
+def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_k: int) -> tuple[Any, Any]:
+    """Host-side tensor descriptors of w1 as [E * 2N, K] and w2 as [E * K, N] rows, in [block_n, block_k] blocks."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    E, two_n, K = w1.shape
+    return (TensorDescriptor.from_tensor(w1.view(E * two_n, K), [block_n, block_k]),
+            TensorDescriptor.from_tensor(w2.view(E * K, two_n // 2), [block_n, block_k]))
 
 
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
-                   num_warps: int | None = None, num_stages: int | None = None,
+                   TMA: bool = False, TAILS: int = 0, num_warps: int | None = None, num_stages: int | None = None,
                    fused_silu: bool = True) -> Callable[..., torch.Tensor]:
     """The launcher of calls shaped like this one: ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``.
 
     Checks the call (the ids' values too, unless a CUDA graph is being captured) and compiles here.
     ``fused_silu=False`` runs GEMM 1 over all 2N columns and SiLU-and-mul as a kernel of its own.
+    ``TMA``: both GEMMs read their weight tiles through tensor descriptors where :func:`.space.tma_fits`
+    the shapes and the weights are 16-byte aligned, else by pointer loads; a later call whose weights
+    are not aligned takes the pointer loads too (compiled at the first such call).
+    ``TAILS``: each expert's run is padded to ``BLOCK_M >> TAILS`` rows, not to BLOCK_M, and its last row
+    tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
     """
     M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS)
     if not _capturing(topk_ids):
         check_ids(topk_ids, E)
     dtype, device = x.dtype, x.device
     if M == 0:
         return lambda x, w1, w2, topk_weights, topk_ids: torch.empty((0, K), dtype=dtype, device=device)
     P = M * topk
-    rows = routing.padded_rows(P, E, BLOCK_M)
-    tiles_m = rows // BLOCK_M
-    e_p2 = max(16, routing.next_pow2(E))
-    chunk = routing.chunk_size(E)
-    chunks = triton.cdiv(P, chunk)
-    fill = triton.cdiv(rows, chunks)
-    # One int32 workspace: sorted pair ids, the tiles' experts, the used rows, the chunk counts.
-    at_expert = _aligned(rows)
-    at_used = at_expert + _aligned(tiles_m)
-    at_counts = at_used + 16
-    ws_len = at_counts + chunks * e_p2
+    plan = RoutingPlan(P, E, BLOCK_M, TAILS)
+    tiles_m = plan.tiles
     width = N if fused_silu else 2 * N
     k_tiles = triton.cdiv(N, BLOCK_K)
     split = max(1, min(SPLIT_K, k_tiles))
@@ -81,51 +97,60 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     reduce_block = min(REDUCE_BLOCK, routing.next_pow2(K))
     upcast = interpreted() and dtype == torch.bfloat16
 
-    def buffers() -> tuple[torch.Tensor, ...]:
-        ws = torch.empty(ws_len, dtype=torch.int32, device=device)
+    def buffers() -> tuple[RoutingViews, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         gu = torch.empty((P, width), dtype=dtype, device=device)
         h = gu if fused_silu else torch.empty((P, N), dtype=dtype, device=device)
         y = torch.empty((split, P, K), dtype=y_dtype, device=device)
-        return (ws[:rows], ws[at_expert:at_expert + tiles_m], ws[at_used:at_used + 1], ws[at_counts:], gu, h, y,
-                torch.empty((M, K), dtype=dtype, device=device))
+        return plan.workspace(device), gu, h, y, torch.empty((M, K), dtype=dtype, device=device)
 
-    s_ids, b_exp, used, counts, gu, h, y, out = buffers()
+    v, gu, h, y, out = buffers()
+    s_ids, b_exp, table = v.sorted_ids, v.block_expert, v.table
     ids, tw = topk_ids.view(-1), topk_weights.view(-1)
     plain = hints(num_warps=4)
     tile_hints = hints(num_warps, num_stages)
-    count = compiled_launcher(routing._count_kernel, (chunks,), (ids, counts, s_ids, P, E, rows, fill),
-                              {"CHUNK": chunk, "E_P2": e_p2, "FILL": routing.FILL_BLOCK}, plain, device)
-    offsets = compiled_launcher(routing._offsets_kernel, (1,), (counts, b_exp, used, chunks, tiles_m, BLOCK_M),
-                                {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES}, plain,
-                                device)
-    scatter = compiled_launcher(routing._scatter_kernel, (chunks,), (ids, counts, s_ids, P, E),
-                                {"CHUNK": chunk, "E_P2": e_p2}, plain, device)
-    gate_up = compiled_launcher(
-        gk._gate_up_kernel, (tiles_m * triton.cdiv(width, BLOCK_N),),
-        (x, w1, gu, s_ids, b_exp, used, P, tiles_m, GROUP_M, topk, x_stride, N, K),
-        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "FUSED": fused_silu,
-         "EVEN_K": K % BLOCK_K == 0, "EVEN_N": width % BLOCK_N == 0, "UPCAST": upcast}, tile_hints, device)
+    route = plan.launcher(ids, v)
+
+    def gemms(tma: bool, wa: Any, wb: Any) -> tuple[Callable[..., None], Callable[..., None]]:
+        # GEMM 1 and GEMM 2 launchers, with weight tiles by TMA (wa, wb: descriptors) or by pointers (w1, w2).
+        gate_up = compiled_launcher(
+            gk._gate_up_kernel, (tiles_m * triton.cdiv(width, BLOCK_N),),
+            (x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
+            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "FUSED": fused_silu,
+             "EVEN_K": K % BLOCK_K == 0, "EVEN_N": width % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma,
+             "TAILS": TAILS},
+            tile_hints, device)
+        down = compiled_launcher(
+            gk._down_kernel, (tiles_m * triton.cdiv(K, BLOCK_N), split),
+            (h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
+            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
+             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma,
+             "TAILS": TAILS},
+            tile_hints, device)
+        return gate_up, down
+
+    tma = TMA and tma_fits(E, N, K, x.element_size()) and _tma_aligned(w1, w2)
+    launchers = {tma: gemms(tma, *(_weight_descriptors(w1, w2, BLOCK_N, BLOCK_K) if tma else (w1, w2)))}
     silu_mul = None if fused_silu else compiled_launcher(
         gk._silu_mul_kernel, (P, triton.cdiv(N, REDUCE_BLOCK)), (gu, h, P, N), {"BLOCK": REDUCE_BLOCK}, plain, device)
-    down = compiled_launcher(
-        gk._down_kernel, (tiles_m * triton.cdiv(K, BLOCK_N), split),
-        (h, w2, y, s_ids, b_exp, used, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
-        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
-         "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N == 0, "UPCAST": upcast}, tile_hints, device)
     reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), (y, ids, out, M, topk, split, E, K),
                                {"BLOCK": reduce_block}, plain, device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        s_ids, b_exp, used, counts, gu, h, y, out = buffers()
+        v, gu, h, y, out = buffers()
+        s_ids, b_exp, table = v.sorted_ids, v.block_expert, v.table
         ids, tw = topk_ids.view(-1), topk_weights.view(-1)
-        count(ids, counts, s_ids, P, E, rows, fill)
-        offsets(counts, b_exp, used, chunks, tiles_m, BLOCK_M)
-        scatter(ids, counts, s_ids, P, E)
-        gate_up(x, w1, gu, s_ids, b_exp, used, P, tiles_m, GROUP_M, topk, x_stride, N, K)
+        route(ids, v)
+        wa, wb, on = w1, w2, tma and _tma_aligned(w1, w2)
+        if on:
+            wa, wb = _weight_descriptors(w1, w2, BLOCK_N, BLOCK_K)
+        if on not in launchers:  # a call whose weights TMA cannot read, after a bind where it could
+            launchers[on] = gemms(on, wa, wb)
+        gate_up, down = launchers[on]
+        gate_up(x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
         if silu_mul is not None:
             silu_mul(gu, h, P, N)
-        down(h, w2, y, s_ids, b_exp, used, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
+        down(h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
         reduce(y, ids, out, M, topk, split, E, K)
         return out
 

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import flyreg
 from flyreg.plugin import Config
 from flyreg_moe import cpu, space
 
@@ -80,6 +81,94 @@ def test_triton_unfused_silu_and_float16(dtype: torch.dtype) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("case", CASES[1:], ids=lambda c: "M{}-E{}-N{}-K{}-top{}-{}".format(*c))
+def test_triton_tma_weight_loads_match_reference(case: tuple) -> None:
+    # Every case's K and N give 16-byte weight rows, so TMA reads both GEMMs' weights (the K tail and
+    # the last column tiles from the descriptors' zero fill and the next rows).
+    M, E, N, K, topk, routing = case
+    args = call(M, E, N, K, topk, device=DEVICE, routing=routing, seed=10)
+    ref = reference(*args)
+    for knobs in TILES[:2]:
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=True, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+
+
+#: Pairs an expert gets, for 64-row tiles with tails: a quarter tail (69 = 64 + 5), a half tail (84),
+#: a lone tile wider than half (40), none, a lone quarter (3), exactly one tile (64).
+TAIL_COUNTS = [69, 84, 40, 0, 3, 64]
+
+
+def _routed(counts: list[int], topk: int, seed: int) -> torch.Tensor:
+    """topk_ids [sum(counts) / topk, topk] in which expert e gets counts[e] pairs, in a random order."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])
+    return ids[torch.randperm(len(ids), generator=g)].view(-1, topk).to(torch.int32)
+
+
+@needs_triton
+@pytest.mark.parametrize("tails", [1, 2])
+def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int) -> None:
+    from flyreg_moe.routing_plan import RoutingPlan
+
+    ids = _routed(TAIL_COUNTS, 2, seed=12).to(DEVICE).view(-1)
+    plan = RoutingPlan(len(ids), len(TAIL_COUNTS), 64, tails)
+    views = plan.workspace(ids.device)
+    plan.launcher(ids, views)(ids, views)
+    table, experts, slots = views.table.cpu(), views.block_expert.cpu(), views.sorted_ids.cpu()
+    used = int(table[0])
+    firsts, sizes = table[1:1 + plan.tiles][:used].tolist(), table[1 + plan.tiles:][:used].tolist()
+    align = 64 >> tails
+    want = []  # (expert, slots) of each tile, in order
+    for e, c in enumerate(TAIL_COUNTS):
+        run = -(-c // align) * align
+        want += [(e, min(64, run - i)) for i in range(0, run, 64)]
+    assert list(zip(experts[:used].tolist(), sizes)) == want
+    assert firsts == [sum(s for _, s in want[:i]) for i in range(used)]  # tiles back to back, runs too
+    seen = []
+    for first, size, e in zip(firsts, sizes, experts.tolist()):
+        pairs = [p for p in slots[first:first + size].tolist() if p < len(ids)]
+        assert all(int(ids[p]) == e for p in pairs)
+        seen += pairs
+    assert sorted(seen) == list(range(len(ids)))  # every pair in exactly one tile
+
+
+@needs_triton
+def test_tail_tiles_of_every_size_match_reference() -> None:
+    # 64-row tiles whose experts' last tiles take the full, half and quarter paths; GEMM 2 split too.
+    topk, E, N, K = 2, len(TAIL_COUNTS), 24, 32
+    x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=13)
+    args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=13).to(DEVICE))
+    ref = reference(*args)
+    for tails, split, tma in ((1, 1, False), (2, 2, True)):
+        knobs = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails}
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+
+
+def _off_16_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` whose address is 2 bytes past a 16-byte boundary."""
+    buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+    at = next(i for i in range(8) if (buf.data_ptr() + i * t.element_size()) % 16 == 2)
+    out = buf[at:at + t.numel()].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@needs_triton
+def test_tma_launcher_serves_weights_that_tma_cannot_read() -> None:
+    # Bound with TMA on aligned weights, then called with weights off a 16-byte boundary (and the reverse):
+    # each call takes the loads that can read its weights and matches the reference.
+    aligned = call(7, 8, 48, 40, 2, device=DEVICE, seed=11)
+    x, w1, w2, tw, ids = aligned
+    shifted = (x, _off_16_bytes(w1), _off_16_bytes(w2), tw, ids)
+    assert shifted[1].data_ptr() % 16 and shifted[2].data_ptr() % 16
+    for first, then in ((aligned, shifted), (shifted, aligned)):
+        run = triton_moe.bind_fused_moe(*first, **TILES[1], TMA=True)
+        for args in (first, then, first):
+            assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16]
+
+
+@needs_triton
 def test_bound_launcher_serves_new_values_of_the_same_signature() -> None:
     first = call(7, 8, 48, 40, 2, device=DEVICE, seed=3)
     run = triton_moe.bind_fused_moe(*first, **TILES[0])
@@ -103,6 +192,12 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[0], "BLOCK_K": 24})
     with pytest.raises(ValueError, match="SPLIT_K must be an int >= 1"):
         triton_moe.bind_fused_moe(*args, **{**TILES[0], "SPLIT_K": 0})
+    with pytest.raises(ValueError, match="TMA must be a bool, got 1"):
+        triton_moe.bind_fused_moe(*args, **TILES[0], TMA=1)
+    with pytest.raises(ValueError, match="TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, got TAILS=1 with BLOCK_M=16"):
+        triton_moe.bind_fused_moe(*args, **TILES[0], TAILS=1)
+    with pytest.raises(ValueError, match="TAILS must be 0, 1 or 2"):
+        triton_moe.bind_fused_moe(*args, **{**TILES[2], "TAILS": 3})
 
 
 gpu = pytest.mark.gpu
@@ -146,6 +241,39 @@ def test_gpu_sample_of_the_space(M: int) -> None:
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("model", list(MODEL))
+@pytest.mark.parametrize("M", [7, 300, 2048])
+def test_gpu_tma_weight_loads_on_model_shapes(model: str, M: int) -> None:
+    # The default and the shipped config of the spec, each with TMA weight loads, and a split GEMM 2.
+    E, K, N, topk = MODEL[model]
+    args = _gpu_call(M, MODEL[model])
+    ref = cpu.fused_moe_reference(*args)
+    spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk, "backend": "triton", "dtype": "bfloat16"}
+    shipped = flyreg.resolve_spec("fused_moe", spec, "cuda").config
+    split = Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 4}, num_warps=4,
+                   num_stages=4)
+    for config in (space.triton_default(spec), shipped, split):
+        out = triton_moe.fused_moe_triton(*args, **{**config.kwargs, "TMA": True}, **config.hints)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], config
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("model", list(MODEL))
+@pytest.mark.parametrize("M", [300, 2048])
+def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
+    # 128- and 64-row tiles whose experts' last tiles shrink, with pointer and TMA weight loads.
+    E, K, N, topk = MODEL[model]
+    args = _gpu_call(M, MODEL[model])
+    ref = cpu.fused_moe_reference(*args)
+    for bm, warps, tails, tma in ((128, 8, 2, False), (128, 8, 1, True), (64, 4, 2, True)):
+        knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "TAILS": tails, "TMA": tma}
+        out = triton_moe.fused_moe_triton(*args, **knobs, num_warps=warps, num_stages=3)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+
+
+@gpu
+@needs_cuda
 def test_gpu_unfused_and_graph_capture() -> None:
     args = _gpu_call(33, MODEL["DeepSeek-V2-Lite"])
     ref = cpu.fused_moe_reference(*args)
@@ -158,3 +286,13 @@ def test_gpu_unfused_and_graph_capture() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out, ref) < TOL[torch.bfloat16]
+    # TMA descriptors are kernel parameters, captured by value: a replay after the weights change in place.
+    run = triton_moe.bind_fused_moe(*args, **{**config.kwargs, "TMA": True}, **config.hints)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(*args)
+    x, w1, w2, tw, ids = args
+    w2.mul_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, -ref) < TOL[torch.bfloat16]

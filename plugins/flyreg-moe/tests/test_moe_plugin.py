@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flyreg
+from flyreg.plugin import Config
 from flyreg_moe import space
 
 from moe_cases import TOL, call, reference, rel_err
@@ -80,6 +81,30 @@ def test_space_is_pruned_by_shared_memory_and_rows() -> None:
     assert {c.kwargs["SPLIT_K"] for c in decode} > {1} and {c.kwargs["SPLIT_K"] for c in configs} == {1}
     for spec in (big, small):
         assert space.triton_default(spec) in space.triton_configs(spec)
+
+
+def test_tma_variants_are_offered_where_the_weight_rows_allow_it() -> None:
+    spec = {"E": 8, "K": 4096, "N": 14336, "topk": 2, "M": 1024}
+    configs = space.triton_configs(spec)
+    plain = [c for c in configs if "TMA" not in c.kwargs]
+    tma = [c for c in configs if "TMA" in c.kwargs]
+    assert all(c.kwargs["TMA"] is True for c in tma)
+    # Each TMA config is a pointer-load config of the space with TMA on, and every one has its twin.
+    assert sorted(map(repr, plain)) == sorted(repr(Config({k: v for k, v in c.kwargs.items() if k != "TMA"},
+                                                          **c.hints)) for c in tma)
+    assert "TMA" not in space.triton_default(spec).kwargs
+    for odd in ({**spec, "K": 4100}, {**spec, "N": 1001}):  # a 16-byte row stride needs K and N % 8 == 0
+        assert all("TMA" not in c.kwargs for c in space.triton_configs(odd)), odd
+    assert not space.tma_fits(2 ** 20, 2 ** 11, 64) and space.tma_fits(8, 14336, 4096)
+
+
+def test_tail_tiles_are_offered_where_an_expert_fills_a_tile() -> None:
+    spec = {"E": 8, "K": 4096, "N": 14336, "topk": 2, "M": 1024}  # 256 rows an expert
+    tails = {(c.kwargs["BLOCK_M"], c.kwargs.get("TAILS", 0)) for c in space.triton_configs(spec)}
+    assert tails == {(16, 0), (32, 0), (32, 1), (64, 0), (64, 1), (64, 2), (128, 0), (128, 1), (128, 2)}
+    few = {**spec, "M": 32}  # 8 rows an expert: no tile is filled
+    assert all("TAILS" not in c.kwargs for c in space.triton_configs(few))
+    assert "TAILS" not in space.triton_default(spec).kwargs
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,156 @@
+"""Registers, spills and shared memory of the fused-MoE GEMM kernels, against a variant's, without a GPU.
+
+Each distinct GEMM binary (GEMM 1 and GEMM 2) of the shipped Triton artifacts (``--served``) or of one
+spec's pruned space (``--spec E,K,N,topk,M``) is compiled twice for compute capability ``--arch``: with
+the weight tiles by pointer loads and no tail tiles, and with ``--variant``'s knobs (``TMA``, ``TAILS=2``,
+or ``TMA,TAILS=2``), as a launch on aligned bf16 tensors binds it;
+Triton's bundled ``ptxas -v`` then gives the registers and spill bytes (the counts a device reports for
+the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
+
+    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --served [--variant TMA] --json regs.json
+    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+import flyreg_moe
+from flyreg_moe import gemm_kernels as gk
+from flyreg_moe import space
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): what makes a GEMM binary (GROUP_M, SPLIT_K are runtime).
+Tile = tuple[int, int, int, int, int]
+COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma": r"cp\.async\.bulk\.tensor"}
+
+
+def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: int, tma: bool = False,
+                 tails: int = 0) -> Any:
+    """GEMM 1 (``gate_up``, SiLU fused) or GEMM 2 (``down``) for this tile, shape and knobs, compiled for ``arch``."""
+    bm, bn, bk, warps, stages = tile
+    w = f"tensordesc<bf16[{bn},{bk}]>" if tma else "*bf16"
+    if which == "gate_up":
+        fn = gk._gate_up_kernel
+        types = ["*bf16", w, "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 7  # X W1 H SORTED BLOCK_EXPERT USED, ints
+        consts = {"FUSED": True, "EVEN_K": K % bk == 0, "EVEN_N": N % bn == 0}
+    else:
+        fn = gk._down_kernel
+        types = ["*bf16", w, "*fp32" if partial else "*bf16", "*i32", "*i32", "*i32", "*fp32"] + ["i32"] * 7
+        consts = {"PARTIAL": partial, "EVEN_K": N % bk == 0, "EVEN_N": K % bn == 0}
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails}
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}  # a kernel from before a knob lacks it
+    sig = dict(zip(fn.arg_names, types))
+    # Pointers and the strides a launch passes divisible by 16 are specialized so, as the JIT does.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
+             if ty.startswith("*") or name in ("x_stride", "N", "K")}
+    src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def variant(text: str) -> dict[str, Any]:
+    """``TMA``, ``TAILS=2`` or ``TMA,TAILS=2``: the knobs of the compared binaries."""
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name == "TMA":
+            out["tma"] = True
+        elif name == "TAILS" and value in ("1", "2"):
+            out["tails"] = int(value)
+        else:
+            raise argparse.ArgumentTypeError(f"--variant takes TMA and TAILS=1 or 2, comma-separated; got {part!r}")
+    return out
+
+
+def ptxas_counts(ptx: str, arch: int) -> tuple[int | None, int | None]:
+    """(registers, spill-store bytes) that Triton's bundled ptxas reports for ``ptx``."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        Path(path).write_text(ptx, encoding="utf-8")
+        err = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    regs, spill = re.search(r"Used (\d+) registers", err), re.search(r"(\d+) bytes spill stores", err)
+    return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+
+
+def describe(kernel: Any, arch: int) -> dict[str, Any]:
+    ptx = kernel.asm["ptx"]
+    regs, spill = ptxas_counts(ptx, arch)
+    return {"regs": regs, "spill_bytes": spill, "smem": kernel.metadata.shared,
+            **{name: len(re.findall(pat, ptx)) for name, pat in COUNTED.items()}}
+
+
+def served_binaries() -> Iterable[tuple[Tile, int, int, bool]]:
+    """(tile, K, N, split) of each distinct binary the shipped Triton artifacts compile."""
+    seen = set()
+    for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
+        a = json.loads(path.read_text(encoding="utf-8"))
+        spec, kw, hints = a["spec"], a["config"]["kwargs"], a["config"]["hints"]
+        if spec["backend"] == "triton":
+            tile = (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], hints.get("num_warps", 4), hints.get("num_stages", 3))
+            seen.add((tile, spec["K"], spec["N"], kw["SPLIT_K"] > 1))
+    return sorted(seen)
+
+
+def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[tuple[Tile, int, int, bool]]:
+    configs = space.triton_configs({"E": E, "K": K, "N": N, "topk": topk, "M": M})
+    return sorted({((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.hints["num_warps"],
+                     c.hints["num_stages"]), K, N, c.kwargs["SPLIT_K"] > 1) for c in configs})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--served", action="store_true", help="the binaries of the shipped artifacts")
+    what.add_argument("--spec", help="E,K,N,topk,M: the binaries of this spec's pruned space")
+    p.add_argument("--variant", type=variant, default={"tma": True},
+                   help="knobs compared with pointer loads and no tails: TMA (the default), TAILS=1 or 2, or both")
+    p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    binaries = served_binaries() if a.served else space_binaries(*map(int, a.spec.split(",")))
+    rows = []
+    for tile, K, N, split in binaries:
+        if tile[0] >> a.variant.get("tails", 0) < space.BLOCK_MS[0]:
+            continue  # no tail tile fits a BLOCK_M this small
+        for which in ("gate_up", "down"):
+            row: dict[str, Any] = {"kernel": which, "tile": tile, "K": K, "N": N, "split": split}
+            for name, knobs in (("base", {}), ("variant", a.variant)):
+                try:
+                    row[name] = describe(compile_gemm(which, tile, K, N, split and which == "down", a.arch, **knobs),
+                                         a.arch)
+                except Exception as e:  # a failed compile is a result too
+                    row[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+            rows.append(row)
+            base, var = row["base"], row["variant"]
+            print(f"{which} {tile} K={K} N={N} split={split}: base {base.get('regs')} regs {base.get('spill_bytes')} B "
+                  f"spilled, variant {var.get('regs')} regs {var.get('spill_bytes')} B spilled, smem "
+                  f"{base.get('smem')} -> {var.get('smem')}" + (f" ({var['error']})" if "error" in var else ""),
+                  flush=True)
+    ok = [r for r in rows if "error" not in r["base"] and "error" not in r["variant"]]
+    summary = {"kernels": len(rows), "failed": len(rows) - len(ok),
+               "spilling_base": sum(1 for r in ok if r["base"]["spill_bytes"]),
+               "spilling_variant": sum(1 for r in ok if r["variant"]["spill_bytes"]),
+               "fewer_regs_variant": sum(1 for r in ok if r["variant"]["regs"] < r["base"]["regs"]),
+               "more_regs_variant": sum(1 for r in ok if r["variant"]["regs"] > r["base"]["regs"])}
+    print(summary)
+    meta = {"triton": triton.__version__, "arch": a.arch, "what": "served" if a.served else a.spec,
+            "variant": a.variant}
+    with open(a.json, "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
