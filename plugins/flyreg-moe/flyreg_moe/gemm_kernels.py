@@ -79,36 +79,37 @@ def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, t
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
             return
-        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
-        _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
-                      BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+        _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, 0, 0, P, topk, x_stride, N, K, width,
+                      BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, False)
     else:
         if pid_m >= tl.load(USED):
             return
         start, rows = _tile_slots(USED, pid_m, tiles_m)
         if rows > BLOCK_M // 2:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
-            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
-                          BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
+                          BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif TAILS == 1:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
-            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
-                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif rows > BLOCK_M // 4:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
-            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
-                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
         else:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 4)
-            _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
-                          BLOCK_M // 4, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
+                          BLOCK_M // 4, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
 
 
 @triton.jit
-def _gate_up_tile(X, W1, H, BLOCK_EXPERT, pid_m, pid_n, pairs, valid, topk, x_stride, N, K, width,
+def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
-                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
-    # GEMM 1 of one tile: its BLOCK_M slots' pairs (valid: slots that hold one), output columns pid_n.
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+                  TABLE: tl.constexpr):
+    # GEMM 1 of row tile pid_m, output columns pid_n: the tile's slots are its BLOCK_M rows of SORTED, or
+    # (TABLE) ``rows`` slots from ``start``.
+    if TABLE:
+        pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
+    else:
+        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
     e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < width
@@ -182,36 +183,36 @@ def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
             return
-        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
-        _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N, K,
-                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+        _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, 0, 0, P, k_tiles_per_split, N, K,
+                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, False)
     else:
         if pid_m >= tl.load(USED):
             return
         start, rows = _tile_slots(USED, pid_m, tiles_m)
         if rows > BLOCK_M // 2:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
-            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
-                       K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif TAILS == 1:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
-            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
-                       K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif rows > BLOCK_M // 4:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 2)
-            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
-                       K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
         else:
-            pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M // 4)
-            _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N,
-                       K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
 
 
 @triton.jit
-def _down_tile(H, W2, Y, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, pairs, valid, P, k_tiles_per_split, N, K,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
-               EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
-    # GEMM 2 of one tile: its BLOCK_M slots' pairs, output columns pid_n, reduction split ``split``.
+def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split, N,
+               K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
+               EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+               TABLE: tl.constexpr):
+    # GEMM 2 of row tile pid_m, output columns pid_n, reduction split ``split``; slots as in _gate_up_tile.
+    if TABLE:
+        pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
+    else:
+        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
     e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < K
