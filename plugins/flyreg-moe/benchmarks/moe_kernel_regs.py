@@ -4,11 +4,12 @@ Each distinct GEMM binary (GEMM 1 and GEMM 2) of the shipped Triton artifacts (`
 spec's pruned space (``--spec E,K,N,topk,M``) is compiled twice for compute capability ``--arch``: with
 the weight tiles by pointer loads and no tail tiles, and with ``--variant``'s knobs (``TMA``, ``TAILS=2``,
 or ``TMA,TAILS=2``), as a launch on aligned bf16 tensors binds it;
-Triton's bundled ``ptxas -v`` then gives the registers and spill bytes (the counts a device reports for
-the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
+the ``ptxas -v`` Triton itself uses then gives the registers and spill bytes (the counts a device reports
+for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
 
     python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --served [--variant TMA] --json regs.json
     python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
+    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --tile 128,128,64,8,4,2880,2880 --variant TMA --json regs.json
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ def variant(text: str) -> dict[str, Any]:
 
 
 def ptxas_counts(ptx: str, arch: int) -> tuple[int | None, int | None]:
-    """(registers, spill-store bytes) that Triton's bundled ptxas reports for ``ptx``."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    """(registers, spill-store bytes) that the ptxas Triton itself uses for ``arch`` reports for ``ptx``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         Path(path).write_text(ptx, encoding="utf-8")
@@ -115,12 +118,17 @@ def main() -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--served", action="store_true", help="the binaries of the shipped artifacts")
     what.add_argument("--spec", help="E,K,N,topk,M: the binaries of this spec's pruned space")
+    what.add_argument("--tile", help="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages,K,N: one binary a GEMM")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads and no tails: TMA (the default), TAILS=1 or 2, or both")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)
     a = p.parse_args()
-    binaries = served_binaries() if a.served else space_binaries(*map(int, a.spec.split(",")))
+    if a.tile:
+        *tile, K, N = map(int, a.tile.split(","))
+        binaries: Iterable[tuple[Tile, int, int, bool]] = [(tuple(tile), K, N, False)]  # type: ignore[list-item]
+    else:
+        binaries = served_binaries() if a.served else space_binaries(*map(int, a.spec.split(",")))
     rows = []
     for tile, K, N, split in binaries:
         if tile[0] >> a.variant.get("tails", 0) < space.BLOCK_MS[0]:
@@ -146,7 +154,7 @@ def main() -> None:
                "fewer_regs_variant": sum(1 for r in ok if r["variant"]["regs"] < r["base"]["regs"]),
                "more_regs_variant": sum(1 for r in ok if r["variant"]["regs"] > r["base"]["regs"])}
     print(summary)
-    meta = {"triton": triton.__version__, "arch": a.arch, "what": "served" if a.served else a.spec,
+    meta = {"triton": triton.__version__, "arch": a.arch, "what": "served" if a.served else a.spec or a.tile,
             "variant": a.variant}
     with open(a.json, "w", encoding="utf-8") as f:
         json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1)

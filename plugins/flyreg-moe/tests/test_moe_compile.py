@@ -1,0 +1,47 @@
+"""The fused-MoE GEMM kernels compile for the H200's target (sm_90a) with each knob, without a GPU.
+
+The CPU suite runs the kernels in Triton's interpreter, which does not compile them: it once passed a
+tail-tile path that Triton's compiler refused. ``benchmarks/moe_kernel_regs.py`` compiles a tile's two
+GEMM binaries with and without a variant's knobs, in a process without ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "moe_kernel_regs.py"
+#: The H200's shared memory a block may use.
+SMEM_LIMIT = 227 * 1024
+
+CASES = [
+    ("128,128,64,8,4,2880,2880", "TMA,TAILS=2"),  # gpt-oss's served large-M tile, K and N tails
+    ("128,128,64,8,4,4096,14336", "TAILS=1"),     # Mixtral's
+    ("64,256,64,8,3,2048,768", "TMA"),
+    ("32,128,64,4,4,2880,2880", "TAILS=1"),       # a 16-row tail path
+    ("16,128,128,4,3,2048,768", "TMA"),           # a decode tile
+]
+
+
+@pytest.mark.parametrize("tile, variant", CASES)
+def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path) -> None:
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the conftest sets it without a GPU
+    out = tmp_path / "regs.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--tile", tile, "--variant", variant, "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["summary"] == {**data["summary"], "kernels": 2, "failed": 0}, data["rows"]
+    for row in data["rows"]:
+        base, var = row["base"], row["variant"]
+        assert base["tma"] == 0 and var["smem"] <= SMEM_LIMIT and var["regs"] <= 255
+        if "TMA" in variant:
+            assert var["tma"] > 0 and var["cp_async"] < base["cp_async"]  # the weight tiles moved to TMA
+        else:
+            assert var["tma"] == 0 and var["smem"] == base["smem"]  # the tail paths share the tile's buffers
