@@ -3,8 +3,9 @@ with ``--set NAME=VALUE``, timed side by side on a GPU.
 
 Per model shape and M bucket: the config lookup serves and the op's default, and each of them with the
 knob set (``--set TMA=true`` reads the weight tiles by TMA), four configs bound to the same inputs,
-checked against the float32 reference (a variant the op refuses, such as ``TAILS=2`` on 16-row
-tiles, is skipped and shown as n/a), and timed in ``--rounds`` rounds of rotating order as
+checked against the float32 reference (an error over 2 % ends the run; a variant the op refuses,
+such as ``TAILS=2`` on 16-row tiles, is skipped and shown as n/a; a value no config takes ends the run
+before any cell), and timed in ``--rounds`` rounds of rotating order as
 ``moe_bench.py`` times (CUDA-graph replays, median). The table gives each variant's time over its
 base's (below 1: the knob is faster) and, as the run's noise, the rounds' spread of the base.
 
@@ -45,9 +46,23 @@ def with_knob(config: Config, name: str, value: Any) -> Config:
     return Config({**config.kwargs, name: value}, **config.hints)
 
 
+#: A config every valid value of a knob fits (128-row tiles take TAILS=2); a value it refuses is a typo.
+PROBE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1}
+#: Largest error against the float32 reference a timed config may have (bf16 keeps 8 bits).
+TOLERANCE = 2e-2
+
+
+def check_knob(name: str, value: Any) -> None:
+    """SystemExit naming the knob when the op would refuse it on any config (``TMA=True`` for ``TMA=true``)."""
+    try:
+        triton_moe.check_knobs(**{**PROBE, name: value})
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"--set {name}={value!r}: {e}") from None
+
+
 def ab_cell(name: str, M: int, knob_name: str, value: Any, rounds: int, reps: int) -> dict[str, Any]:
     E, K, N, topk = MODEL_SHAPES[name]
-    spec = {"E": E, "K": K, "M": M, "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
+    spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
     args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
     ref = fused_moe_reference(*args)
     bases = {"served": flyreg.resolve_spec("fused_moe", spec, "cuda").config, "default": space.triton_default(spec)}
@@ -59,6 +74,9 @@ def ab_cell(name: str, M: int, knob_name: str, value: Any, rounds: int, reps: in
         except ValueError as e:  # the knob does not fit this config (TAILS=2 on 16-row tiles)
             skipped[k] = str(e)
     errs = {k: rel_err(run(*args), ref) for k, run in runs.items()}
+    wrong = {k: e for k, e in errs.items() if not e < TOLERANCE}
+    if wrong:  # a wrong answer is a bug to fix, not a time to report
+        raise SystemExit(f"{name} M={M}: relative error over {TOLERANCE} against the float32 reference: {wrong}")
     times, hows = timed_in_rounds({k: (lambda run=run: run(*args)) for k, run in runs.items()}, rounds, reps)
     ms = {k: statistics.median(t) for k, t in times.items()}
 
@@ -85,6 +103,7 @@ def main() -> None:
     p.add_argument("--json", required=True)
     a = p.parse_args()
     name, value = a.knob
+    check_knob(name, value)
     rows: list[dict[str, Any]] = []
     print(f"{torch.cuda.get_device_name()}: {name}={value!r} over each config without it (below 1: faster)")
     print("model | M | served | default | base spread | worst rel err | served config", flush=True)

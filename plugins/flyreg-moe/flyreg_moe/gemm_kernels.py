@@ -158,8 +158,6 @@ def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, 
     tl.store(out, acc.to(H.dtype.element_ty), mask=mask)
 
 
-
-
 @triton.jit(do_not_specialize=["P", "N"])
 def _silu_mul_kernel(GU, H, P, N, BLOCK: tl.constexpr):
     # h[p, n] = silu(gu[p, n]) * gu[p, N + n], in float32, rounded once.

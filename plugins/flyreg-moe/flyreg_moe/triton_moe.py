@@ -72,8 +72,8 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     Checks the call (the ids' values too, unless a CUDA graph is being captured) and compiles here.
     ``fused_silu=False`` runs GEMM 1 over all 2N columns and SiLU-and-mul as a kernel of its own.
     ``TMA``: both GEMMs read their weight tiles through tensor descriptors where :func:`.space.tma_fits`
-    the shapes and the weights are 16-byte aligned, else by pointer loads; a later call whose weights
-    are not aligned takes the pointer loads too (compiled at the first such call).
+    the shapes and this call's weights are 16-byte aligned (else every call takes pointer loads); a later
+    call whose weights are not aligned takes the pointer loads, compiled here too.
     ``TAILS``: each expert's run is padded to ``BLOCK_M >> TAILS`` rows, not to BLOCK_M, and its last row
     tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
     """
@@ -129,7 +129,10 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         return gate_up, down
 
     tma = TMA and tma_fits(E, N, K, x.element_size()) and _tma_aligned(w1, w2)
-    launchers = {tma: gemms(tma, *(_weight_descriptors(w1, w2, BLOCK_N, BLOCK_K) if tma else (w1, w2)))}
+    # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
+    launchers = {False: gemms(False, w1, w2)}
+    if tma:
+        launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, BLOCK_K))
     silu_mul = None if fused_silu else compiled_launcher(
         gk._silu_mul_kernel, (P, triton.cdiv(N, REDUCE_BLOCK)), (gu, h, P, N), {"BLOCK": REDUCE_BLOCK}, plain, device)
     reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), (y, ids, out, M, topk, split, E, K),
@@ -144,8 +147,6 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         wa, wb, on = w1, w2, tma and _tma_aligned(w1, w2)
         if on:
             wa, wb = _weight_descriptors(w1, w2, BLOCK_N, BLOCK_K)
-        if on not in launchers:  # a call whose weights TMA cannot read, after a bind where it could
-            launchers[on] = gemms(on, wa, wb)
         gate_up, down = launchers[on]
         gate_up(x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
         if silu_mul is not None:

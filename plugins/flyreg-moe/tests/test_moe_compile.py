@@ -45,3 +45,5 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
             assert var["tma"] > 0 and var["cp_async"] < base["cp_async"]  # the weight tiles moved to TMA
         else:
             assert var["tma"] == 0 and var["smem"] == base["smem"]  # the tail paths share the tile's buffers
+        if "TAILS" in variant and base["wgmma"]:
+            assert var["wgmma"] > base["wgmma"]  # the half-tile path is a second wgmma loop in the binary

@@ -78,6 +78,9 @@ def test_triton_unfused_silu_and_float16(dtype: torch.dtype) -> None:
     for fused in (True, False):
         out = triton_moe.fused_moe_triton(*args, **TILES[1], fused_silu=fused)
         assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
+        # Unfused, GEMM 1's tiles run over all 2N columns of w1: its TMA rows and its tails too.
+        out = triton_moe.fused_moe_triton(*args, **{**TILES[2], "TAILS": 1}, TMA=True, fused_silu=fused)
+        assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
 
 
 @needs_triton
@@ -155,17 +158,22 @@ def _off_16_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 @needs_triton
-def test_tma_launcher_serves_weights_that_tma_cannot_read() -> None:
+def test_tma_launcher_serves_weights_that_tma_cannot_read(monkeypatch) -> None:
     # Bound with TMA on aligned weights, then called with weights off a 16-byte boundary (and the reverse):
-    # each call takes the loads that can read its weights and matches the reference.
+    # each call matches the reference, and descriptors are made for the aligned calls of an aligned bind only.
+    made = []
+    real = triton_moe._weight_descriptors
+    monkeypatch.setattr(triton_moe, "_weight_descriptors", lambda *a: made.append(a[0].data_ptr()) or real(*a))
     aligned = call(7, 8, 48, 40, 2, device=DEVICE, seed=11)
     x, w1, w2, tw, ids = aligned
     shifted = (x, _off_16_bytes(w1), _off_16_bytes(w2), tw, ids)
     assert shifted[1].data_ptr() % 16 and shifted[2].data_ptr() % 16
     for first, then in ((aligned, shifted), (shifted, aligned)):
+        made.clear()
         run = triton_moe.bind_fused_moe(*first, **TILES[1], TMA=True)
         for args in (first, then, first):
             assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16]
+        assert made == ([w1.data_ptr()] * 3 if first is aligned else [])  # the bind, then the two aligned calls
 
 
 @needs_triton
