@@ -10,6 +10,7 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --served [--variant TMA] --json regs.json
     python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
     python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --tile 128,128,64,8,4,2880,2880 --variant TMA --json regs.json
+    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --routing --json regs.json
 """
 
 from __future__ import annotations
@@ -95,6 +96,26 @@ def describe(kernel: Any, arch: int) -> dict[str, Any]:
             **{name: len(re.findall(pat, ptx)) for name, pat in COUNTED.items()}}
 
 
+def routing_counts(arch: int) -> list[dict[str, Any]]:
+    """The routing's offsets kernel (one program) for 16, 64 and 128 experts, without and with the tile table."""
+    from flyreg_moe import routing
+
+    fn, rows = routing._offsets_kernel, []
+    for e_p2 in (16, 64, 128):
+        row: dict[str, Any] = {"kernel": "offsets", "E_P2": e_p2}
+        for name, table in (("base", False), ("variant", True)):
+            consts = {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": table,
+                      "TABLE_LABEL": routing.TABLE_TILES}
+            sig = dict(zip(fn.arg_names, ["*i32"] * 4 + ["i32"] * 4))  # COUNTS BLOCK_EXPERT ROWS_USED TABLE, ints
+            src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
+                                            constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in range(4)})
+            row[name] = describe(triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4}), arch)
+        rows.append(row)
+        print(f"offsets E_P2={e_p2}: {row['base']['regs']} regs {row['base']['spill_bytes']} B spilled, with the tile "
+              f"table {row['variant']['regs']} regs {row['variant']['spill_bytes']} B spilled", flush=True)
+    return rows
+
+
 def served_binaries() -> Iterable[tuple[Tile, int, int, bool]]:
     """(tile, K, N, split) of each distinct binary the shipped Triton artifacts compile."""
     seen = set()
@@ -119,11 +140,17 @@ def main() -> None:
     what.add_argument("--served", action="store_true", help="the binaries of the shipped artifacts")
     what.add_argument("--spec", help="E,K,N,topk,M: the binaries of this spec's pruned space")
     what.add_argument("--tile", help="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages,K,N: one binary a GEMM")
+    what.add_argument("--routing", action="store_true", help="the routing's offsets kernel, with the tile table as variant")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads and no tails: TMA (the default), TAILS=1 or 2, or both")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)
     a = p.parse_args()
+    if a.routing:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"meta": {"triton": triton.__version__, "arch": a.arch}, "rows": routing_counts(a.arch)}, f,
+                      indent=1)
+        return
     if a.tile:
         *tile, K, N = map(int, a.tile.split(","))
         binaries: Iterable[tuple[Tile, int, int, bool]] = [(tuple(tile), K, N, False)]  # type: ignore[list-item]

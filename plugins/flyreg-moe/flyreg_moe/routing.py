@@ -30,6 +30,8 @@ ONE_HOT_ELEMS = 16384
 SCAN_ROWS = 64
 #: Row tiles the offsets program labels at once, and sentinel slots a count program fills a step.
 LABEL_TILES = 256
+#: Row tiles the tile table is written for at once (three [tiles, experts] selections a step, not one).
+TABLE_TILES = 32
 FILL_BLOCK = 1024
 
 
@@ -80,7 +82,8 @@ def _count_kernel(IDS, COUNTS, SORTED, P, E, rows, fill_per_program,
 
 @triton.jit(do_not_specialize=["chunks", "tiles", "block_m", "tile_m"])
 def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, TABLE, chunks, tiles, block_m, tile_m,
-                    E_P2: tl.constexpr, SCAN: tl.constexpr, LABEL: tl.constexpr, TILE_TABLE: tl.constexpr):
+                    E_P2: tl.constexpr, SCAN: tl.constexpr, LABEL: tl.constexpr, TILE_TABLE: tl.constexpr,
+                    TABLE_LABEL: tl.constexpr):
     e = tl.arange(0, E_P2)
     total = tl.zeros([E_P2], dtype=tl.int32)
     for c0 in range(0, chunks, SCAN):
@@ -106,8 +109,8 @@ def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, TABLE, chunks, tiles, block
         tile_ends = tl.cumsum(n_tiles, axis=0)
         tl.store(TABLE, tl.sum(n_tiles, axis=0))
         shift = ends - padded - (tile_ends - n_tiles) * tile_m  # an expert's first slot less its first tile's
-        for t0 in range(0, tiles, LABEL):
-            t = t0 + tl.arange(0, LABEL)
+        for t0 in range(0, tiles, TABLE_LABEL):
+            t = t0 + tl.arange(0, TABLE_LABEL)
             expert = tl.sum((tile_ends[None, :] <= t[:, None]).to(tl.int32), axis=1)
             mine = expert[:, None] == e[None, :]
             first = tl.sum(tl.where(mine, shift[None, :], 0), axis=1) + t * tile_m

@@ -85,7 +85,8 @@ class RoutingPlan:
         offsets = compiled_launcher(
             routing._offsets_kernel, (1,), (v.counts, v.block_expert, v.used, v.table, chunks, tiles, self.align,
                                             self.block_m),
-            {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": self.tails > 0},
+            {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": self.tails > 0,
+             "TABLE_LABEL": routing.TABLE_TILES},
             plain, device)
         scatter = compiled_launcher(routing._scatter_kernel, (chunks,), (ids, v.counts, v.sorted_ids, P, E),
                                     {"CHUNK": chunk, "E_P2": e_p2}, plain, device)
