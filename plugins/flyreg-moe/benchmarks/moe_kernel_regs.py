@@ -107,9 +107,11 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
             consts = {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": table,
                       "TABLE_LABEL": routing.TABLE_TILES}
             sig = dict(zip(fn.arg_names, ["*i32"] * 4 + ["i32"] * 4))  # COUNTS BLOCK_EXPERT ROWS_USED TABLE, ints
+            aligned = {(i,): [["tt.divisibility", 16]] for i in range(4)}
             src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
-                                            constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in range(4)})
-            row[name] = describe(triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4}), arch)
+                                            constexprs=consts, attrs=aligned)
+            kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+            row[name] = describe(kernel, arch)
         rows.append(row)
         print(f"offsets E_P2={e_p2}: {row['base']['regs']} regs {row['base']['spill_bytes']} B spilled, with the tile "
               f"table {row['variant']['regs']} regs {row['variant']['spill_bytes']} B spilled", flush=True)
@@ -140,7 +142,8 @@ def main() -> None:
     what.add_argument("--served", action="store_true", help="the binaries of the shipped artifacts")
     what.add_argument("--spec", help="E,K,N,topk,M: the binaries of this spec's pruned space")
     what.add_argument("--tile", help="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages,K,N: one binary a GEMM")
-    what.add_argument("--routing", action="store_true", help="the routing's offsets kernel, with the tile table as variant")
+    what.add_argument("--routing", action="store_true",
+                      help="the routing's offsets kernel, with the tile table as variant")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads and no tails: TMA (the default), TAILS=1 or 2, or both")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")

@@ -63,6 +63,17 @@ def _slots(SORTED, start, rows, P, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M: tl.constexpr, TABLE: tl.constexpr):
+    # Row tile pid_m's pairs, which of its slots hold one, and its expert (int64): the tile's BLOCK_M rows
+    # of SORTED, or (TABLE) ``rows`` slots from ``start``.
+    if TABLE:
+        pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
+    else:
+        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
+    return pairs, valid, tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+
+
+@triton.jit
 def _tile_slots(TABLE, pid_m, tiles_m):
     # (first slot, slots) of row tile pid_m in the routing's tile table.
     return tl.load(TABLE + 1 + pid_m), tl.load(TABLE + 1 + tiles_m + pid_m)
@@ -104,13 +115,8 @@ def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, 
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                   TABLE: tl.constexpr):
-    # GEMM 1 of row tile pid_m, output columns pid_n: the tile's slots are its BLOCK_M rows of SORTED, or
-    # (TABLE) ``rows`` slots from ``start``.
-    if TABLE:
-        pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
-    else:
-        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
-    e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+    # GEMM 1 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n.
+    pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < width
     wcols = tl.where(col_ok, cols, 0)  # in-bounds rows of w1 for masked columns
@@ -206,12 +212,8 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
                K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
                TABLE: tl.constexpr):
-    # GEMM 2 of row tile pid_m, output columns pid_n, reduction split ``split``; slots as in _gate_up_tile.
-    if TABLE:
-        pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
-    else:
-        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
-    e = tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+    # GEMM 2 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n, reduction split ``split``.
+    pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < K
     wcols = tl.where(col_ok, cols, 0)

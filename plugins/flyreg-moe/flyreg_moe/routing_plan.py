@@ -38,42 +38,40 @@ class RoutingViews:
 @attrs.frozen
 class RoutingPlan:
     """P pairs over E experts in row tiles of ``block_m`` rows, whose last tile of an expert may shrink to
-    ``block_m >> tails`` (the alignment each expert's run is padded to)."""
+    ``block_m >> tails`` (the alignment each expert's run is padded to); :meth:`of` sizes it once."""
 
     P: int
     E: int
     block_m: int
-    tails: int = 0
+    tails: int
+    align: int
+    rows: int  # slots of the sorted pair ids
+    tiles: int  # row tiles (the GEMMs' grid rows)
+    e_p2: int
+    chunks: int
+    at_used: int  # workspace offsets: the rows in use, the tile table, the chunk counts; then its length
+    at_table: int
+    at_counts: int
+    length: int
 
-    @property
-    def align(self) -> int:
-        return self.block_m >> self.tails
-
-    @property
-    def rows(self) -> int:
-        return routing.padded_rows(self.P, self.E, self.align)
-
-    @property
-    def tiles(self) -> int:
-        return routing.table_tiles(self.P, self.E, self.block_m) if self.tails else self.rows // self.block_m
-
-    @property
-    def e_p2(self) -> int:
-        return max(16, routing.next_pow2(self.E))
-
-    @property
-    def chunks(self) -> int:
-        return triton.cdiv(self.P, routing.chunk_size(self.E))
+    @classmethod
+    def of(cls, P: int, E: int, block_m: int, tails: int = 0) -> RoutingPlan:
+        align = block_m >> tails
+        rows = routing.padded_rows(P, E, align)
+        tiles = routing.table_tiles(P, E, block_m) if tails else rows // block_m
+        e_p2, chunks = max(16, routing.next_pow2(E)), triton.cdiv(P, routing.chunk_size(E))
+        at_used = _aligned(rows) + _aligned(tiles)
+        at_counts = at_used + 16 + (_aligned(1 + 2 * tiles) if tails else 0)
+        return cls(P, E, block_m, tails, align, rows, tiles, e_p2, chunks, at_used, at_used + 16, at_counts,
+                   at_counts + chunks * e_p2)
 
     def workspace(self, device: torch.device) -> RoutingViews:
-        rows, tiles = self.rows, self.tiles
-        at_used = _aligned(rows) + _aligned(tiles)
-        at_table = at_used + 16
-        at_counts = at_table + (_aligned(1 + 2 * tiles) if self.tails else 0)
-        ws = torch.empty(at_counts + self.chunks * self.e_p2, dtype=torch.int32, device=device)
-        used = ws[at_used:at_used + 1]
-        table = ws[at_table:at_table + 1 + 2 * tiles] if self.tails else used
-        return RoutingViews(ws[:rows], ws[_aligned(rows):_aligned(rows) + tiles], used, table, ws[at_counts:])
+        """A fresh workspace (one allocation), as views."""
+        ws = torch.empty(self.length, dtype=torch.int32, device=device)
+        at_expert = _aligned(self.rows)
+        used = ws[self.at_used:self.at_used + 1]
+        table = ws[self.at_table:self.at_table + 1 + 2 * self.tiles] if self.tails else used
+        return RoutingViews(ws[:self.rows], ws[at_expert:at_expert + self.tiles], used, table, ws[self.at_counts:])
 
     def launcher(self, ids: torch.Tensor, views: RoutingViews) -> Callable[[torch.Tensor, RoutingViews], None]:
         """``route(ids, views)``: the three routing launches, compiled here for ids like ``ids`` (flat)."""

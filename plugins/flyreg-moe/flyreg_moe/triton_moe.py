@@ -19,14 +19,13 @@ from . import gemm_kernels as gk
 from . import routing
 from .checks import check_ids, check_moe
 from .routing_plan import RoutingPlan, RoutingViews
+from . import space
 from .space import tma_fits
 
 #: Columns a reduction (and an unfused SiLU-and-mul) program covers at most.
 REDUCE_BLOCK = 1024
 #: Knobs that must be powers of two, and their smallest values (tl.dot needs 16 rows, columns and depth).
 POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
-#: Values of TAILS: the halvings of BLOCK_M an expert's last row tile may take.
-MAX_TAILS = (0, 1, 2)
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
@@ -41,7 +40,8 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
             raise ValueError(f"fused_moe: {name} must be an int >= 1, got {value!r}")
     if not isinstance(TMA, bool):
         raise ValueError(f"fused_moe: TMA must be a bool, got {TMA!r}")
-    if isinstance(TAILS, bool) or not isinstance(TAILS, int) or TAILS not in MAX_TAILS or BLOCK_M >> TAILS < POW2_KNOBS["BLOCK_M"]:
+    if (isinstance(TAILS, bool) or not isinstance(TAILS, int) or TAILS not in space.TAILS
+            or BLOCK_M >> TAILS < POW2_KNOBS["BLOCK_M"]):
         raise ValueError(f"fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= {POW2_KNOBS['BLOCK_M']}, "
                          f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")
 
@@ -85,7 +85,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     if M == 0:
         return lambda x, w1, w2, topk_weights, topk_ids: torch.empty((0, K), dtype=dtype, device=device)
     P = M * topk
-    plan = RoutingPlan(P, E, BLOCK_M, TAILS)
+    plan = RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m = plan.tiles
     width = N if fused_silu else 2 * N
     k_tiles = triton.cdiv(N, BLOCK_K)

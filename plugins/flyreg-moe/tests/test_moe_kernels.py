@@ -114,7 +114,7 @@ def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int) -> No
     from flyreg_moe.routing_plan import RoutingPlan
 
     ids = _routed(TAIL_COUNTS, 2, seed=12).to(DEVICE).view(-1)
-    plan = RoutingPlan(len(ids), len(TAIL_COUNTS), 64, tails)
+    plan = RoutingPlan.of(len(ids), len(TAIL_COUNTS), 64, tails)
     views = plan.workspace(ids.device)
     plan.launcher(ids, views)(ids, views)
     table, experts, slots = views.table.cpu(), views.block_expert.cpu(), views.sorted_ids.cpu()
@@ -202,7 +202,8 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[0], "SPLIT_K": 0})
     with pytest.raises(ValueError, match="TMA must be a bool, got 1"):
         triton_moe.bind_fused_moe(*args, **TILES[0], TMA=1)
-    with pytest.raises(ValueError, match="TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, got TAILS=1 with BLOCK_M=16"):
+    with pytest.raises(ValueError,
+                       match="TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, got TAILS=1 with BLOCK_M=16"):
         triton_moe.bind_fused_moe(*args, **TILES[0], TAILS=1)
     with pytest.raises(ValueError, match="TAILS must be 0, 1 or 2"):
         triton_moe.bind_fused_moe(*args, **{**TILES[2], "TAILS": 3})
