@@ -92,9 +92,10 @@ def test_tma_variants_are_offered_where_the_weight_rows_allow_it() -> None:
     # Each TMA config is a pointer-load config of the space with TMA on, and every one has its twin.
     assert sorted(map(repr, plain)) == sorted(repr(Config({k: v for k, v in c.kwargs.items() if k != "TMA"},
                                                           **c.hints)) for c in tma)
-    assert "TMA" not in space.triton_default(spec).kwargs
+    assert space.triton_default(spec).kwargs["TMA"] is True
     for odd in ({**spec, "K": 4100}, {**spec, "N": 1001}):  # a 16-byte row stride needs K and N % 8 == 0
         assert all("TMA" not in c.kwargs for c in space.triton_configs(odd)), odd
+        assert "TMA" not in space.triton_default(odd).kwargs
     assert not space.tma_fits(2 ** 20, 2 ** 11, 64) and space.tma_fits(8, 14336, 4096)
 
 
@@ -104,7 +105,20 @@ def test_tail_tiles_are_offered_where_an_expert_fills_a_tile() -> None:
     assert tails == {(16, 0), (32, 0), (32, 1), (64, 0), (64, 1), (64, 2), (128, 0), (128, 1), (128, 2)}
     few = {**spec, "M": 32}  # 8 rows an expert: no tile is filled
     assert all("TAILS" not in c.kwargs for c in space.triton_configs(few))
-    assert "TAILS" not in space.triton_default(spec).kwargs
+    assert space.triton_default(spec).kwargs["TAILS"] == 2
+
+
+@pytest.mark.parametrize("M", [1, 16, 64, 256, 512, 1024, 4096, 8192])
+@pytest.mark.parametrize("shape", ["Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V2-Lite", "gpt-oss-20b"])
+def test_the_default_takes_tma_and_quarter_tails_on_its_large_tile_only(shape: str, M: int) -> None:
+    from flyreg_moe.ops import MODEL_SHAPES
+
+    E, K, N, topk = MODEL_SHAPES[shape]
+    spec = {"E": E, "K": K, "N": N, "topk": topk, "M": M}
+    k = space.triton_default(spec).kwargs
+    large = (k["BLOCK_M"], k["BLOCK_N"]) == (128, 128)
+    assert k.get("TMA", False) is large  # every model shape's weight rows are 16-byte strided
+    assert k.get("TAILS", 0) == (2 if large and space.rows_per_expert(spec) >= 128 else 0)
 
 
 @settings(max_examples=300, deadline=None)
