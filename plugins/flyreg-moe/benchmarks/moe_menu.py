@@ -4,9 +4,11 @@ For each model shape and M bucket, each menu tile (``MENU``) that the spec's spa
 twice with GEMM 2 unsplit and, where the default would split it, split as the default splits
 (``space.default_split``), in two rounds of rotating order, as ``moe_bench.py`` times (CUDA-graph
 replays, median); the row keeps the median of the rounds. Also times the spec's current default
-and the config lookup serves.
+and the config lookup serves. ``--knobs`` times each menu tile again with each given set of knobs
+(``--knobs TMA=true TMA=true,TAILS=2``), where the spec's space offers it.
 
-    python plugins/flyreg-moe/benchmarks/moe_menu.py [--shapes NAME ...] [--M 1 2 ...] --json menu.json
+    python plugins/flyreg-moe/benchmarks/moe_menu.py [--shapes NAME ...] [--M 1 2 ...] [--knobs SET ...]
+        --json menu.json
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,23 +27,34 @@ from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
 from moe_bench import timed_in_rounds  # this script's folder is on sys.path
+from moe_knob_ab import check_knob, knob
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M): the tiles that won somewhere on the H200.
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M): the tiles that won somewhere on the H200
+#: (the last three: session 13's winners at 32 and 64 rows an expert, with tails).
 MENU = [(16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 3, 1), (32, 64, 128, 4, 4, 8), (32, 128, 64, 4, 4, 16),
         (32, 128, 64, 4, 3, 16), (64, 128, 64, 8, 4, 4), (64, 128, 64, 4, 5, 16), (64, 128, 64, 4, 4, 16),
         (64, 256, 64, 8, 3, 1), (64, 256, 64, 8, 4, 4), (128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8),
-        (128, 256, 64, 8, 3, 8), (128, 128, 64, 4, 4, 8)]
+        (128, 256, 64, 8, 3, 8), (128, 128, 64, 4, 4, 8), (32, 128, 128, 4, 2, 4), (32, 128, 128, 4, 3, 4),
+        (64, 128, 64, 4, 4, 1)]
 
 
-def menu_configs(spec: dict[str, Any]) -> list[Config]:
+def knob_set(text: str) -> dict[str, Any]:
+    """``NAME=VALUE,...`` with each VALUE parsed as JSON (``TMA=true,TAILS=2``)."""
+    return dict(knob(part) for part in text.split(","))
+
+
+def menu_configs(spec: dict[str, Any], knob_sets: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
+    """The menu's tiles the space of ``spec`` offers, unsplit and split as the default splits, each also
+    with every set of ``knob_sets`` the space offers it with."""
     offered = set(space.triton_configs(spec))
     out: list[Config] = []
     for bm, bn, bk, warps, stages, group in MENU:
         for split in sorted({1, space.default_split(spec, bm, bn, bk)}):
-            c = Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split},
-                       num_warps=warps, num_stages=stages)
-            if c in offered and c not in out:
-                out.append(c)
+            for extra in ({}, *knob_sets):
+                c = Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
+                            **extra}, num_warps=warps, num_stages=stages)
+                if c in offered and c not in out:
+                    out.append(c)
     return out
 
 
@@ -49,15 +63,19 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
     p.add_argument("--M", nargs="*", type=int, default=list(space.M_BUCKETS))
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--knobs", nargs="*", type=knob_set, default=[], help="NAME=VALUE,... sets, e.g. TMA=true,TAILS=2")
     p.add_argument("--json", required=True)
     a = p.parse_args()
+    for extra in a.knobs:
+        for name, value in extra.items():
+            check_knob(name, value)
     rows: list[dict[str, Any]] = []
     for name in a.shapes:
         E, K, N, topk = MODEL_SHAPES[name]
         for M in a.M:
             spec = {"E": E, "K": K, "M": M, "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
             args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
-            configs = menu_configs(spec)
+            configs = menu_configs(spec, a.knobs)
             served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
             default = space.triton_default(spec)
             configs += [c for c in (default, served) if c not in configs]

@@ -1,0 +1,45 @@
+"""The default's menu (``benchmarks/moe_menu.py``): which configs it times for a spec, on the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import moe_menu  # noqa: E402
+
+from flyreg_moe import space  # noqa: E402
+from flyreg_moe.ops import MODEL_SHAPES  # noqa: E402
+
+
+def _spec(model: str, M: int) -> dict[str, int]:
+    E, K, N, topk = MODEL_SHAPES[model]
+    return {"E": E, "K": K, "N": N, "topk": topk, "M": M}
+
+
+def test_knob_sets_add_the_offered_twins_of_the_menu_tiles() -> None:
+    spec = _spec("Mixtral-8x7B", 1024)  # 256 rows an expert: every tile takes TMA and tails
+    plain = moe_menu.menu_configs(spec)
+    sets = [moe_menu.knob_set("TMA=true"), moe_menu.knob_set("TMA=true,TAILS=2")]
+    both = moe_menu.menu_configs(spec, sets)
+    offered = set(space.triton_configs(spec))
+    assert plain and set(both) <= offered
+    assert {c for c in both if "TMA" not in c.kwargs} == set(plain)
+    for extra in sets:  # each plain config's twin with the set, wherever the space offers that twin
+        twins = {c for c in both if {k: c.kwargs.get(k) for k in extra} == extra and len(c.kwargs) == 5 + len(extra)}
+        assert len(twins) == sum(1 for c in plain if type(c)({**c.kwargs, **extra}, **c.hints) in offered) > 0
+
+
+def test_knob_sets_the_space_refuses_are_left_out() -> None:
+    spec = _spec("Mixtral-8x7B", 32)  # 8 rows an expert: no tile is filled, so no tails
+    assert moe_menu.menu_configs(spec, [moe_menu.knob_set("TAILS=2")]) == moe_menu.menu_configs(spec)
+
+
+def test_knob_set_parses_json_values_and_rejects_a_bare_name() -> None:
+    assert moe_menu.knob_set("TMA=true,TAILS=2") == {"TMA": True, "TAILS": 2}
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
+        moe_menu.knob_set("TMA")
