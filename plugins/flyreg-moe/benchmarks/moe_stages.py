@@ -1,0 +1,116 @@
+"""Where a fused-MoE call's device time goes: each kernel's time in the served config's call, on a GPU.
+
+Per model shape and M bucket, the config lookup serves is bound once and called ``--calls`` times under
+``torch.profiler`` (CUDA activity). Kernel times are summed by kernel and divided by the calls:
+routing (count, offsets, scatter), GEMM 1, GEMM 2 and the top-k reduction. Each GEMM is also given in
+TFLOP/s over the real pairs (GEMM 1 4 * P * N * K flops, GEMM 2 2 * P * N * K, P = M * topk), beside
+cuBLAS (``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N] and [P, N] x [N, K]),
+timed as ``moe_bench.py`` times (CUDA-graph replays). ``call_ms`` is the whole call timed the same way,
+so ``call_ms`` minus the kernels' sum is what launching them costs inside a graph.
+
+    python plugins/flyreg-moe/benchmarks/moe_stages.py [--shapes NAME ...] [--M 1 2 ...] [--calls 20]
+        --json stages.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+import flyreg
+from flyreg_moe import space, triton_moe
+from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
+
+from moe_bench import time_ms  # this script's folder is on sys.path
+
+#: Stage of each of the op's kernels (Triton names a kernel after its function).
+STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",
+          "_gate_up_kernel": "gemm1", "_silu_mul_kernel": "silu_mul", "_down_kernel": "gemm2",
+          "_reduce_kernel": "reduce"}
+
+
+def stage_of(kernel: str) -> str:
+    """The stage a kernel name belongs to; ``other`` for a kernel that is not the op's (a memset, say)."""
+    return next((stage for name, stage in STAGES.items() if name in kernel), "other")
+
+
+def stage_ms(kernels: Iterable[tuple[str, float]], calls: int) -> dict[str, float]:
+    """Milliseconds a call spends in each stage, from ``(kernel name, microseconds)`` records of ``calls``
+    calls."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls!r}")
+    out: dict[str, float] = {}
+    for name, us in kernels:
+        stage = stage_of(name)
+        out[stage] = out.get(stage, 0.0) + us / 1e3 / calls
+    return out
+
+
+def profiled_kernels(fn: Callable[[], Any], calls: int) -> list[tuple[str, float]]:
+    """``(kernel name, microseconds)`` of every device kernel that ``calls`` calls of ``fn`` ran."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def stages_cell(name: str, M: int, calls: int, reps: int) -> dict[str, Any]:
+    E, K, N, topk = MODEL_SHAPES[name]
+    P = M * topk
+    spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
+    args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
+    served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
+    run = triton_moe.bind_fused_moe(*args, **served.kwargs, **served.hints)
+    ms = stage_ms(profiled_kernels(lambda: run(*args), calls), calls)
+    a1, b1 = (torch.randn(P, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, 2 * N, device="cuda",
+                                                                                  dtype=torch.bfloat16))
+    a2, b2 = (torch.randn(P, N, device="cuda", dtype=torch.bfloat16), torch.randn(N, K, device="cuda",
+                                                                                  dtype=torch.bfloat16))
+    dense1, _ = time_ms(lambda: a1 @ b1, reps)
+    dense2, _ = time_ms(lambda: a2 @ b2, reps)
+    call, _ = time_ms(lambda: run(*args), reps)
+    flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K}
+    return {"model": name, "M": M, "config": served.to_json(), "stage_ms": ms, "call_ms": call,
+            "kernels_ms": sum(ms.values()), "dense_ms": {"gemm1": dense1, "gemm2": dense2},
+            "tflops": {g: flops[g] / ms[g] / 1e9 for g in flops if ms.get(g)},
+            "dense_tflops": {"gemm1": flops["gemm1"] / dense1 / 1e9, "gemm2": flops["gemm2"] / dense2 / 1e9}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
+    p.add_argument("--M", nargs="*", type=int, default=[1024, 2048, 4096])
+    p.add_argument("--calls", type=int, default=20, help="profiled calls a cell's kernel times are averaged over")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    if a.calls < 1:
+        p.error(f"--calls must be >= 1, got {a.calls}")
+    rows: list[dict[str, Any]] = []
+    print("model | M | call us | kernels us | routing | gemm1 | gemm2 | reduce | gemm1 TF/s (dense) | "
+          "gemm2 TF/s (dense)", flush=True)
+    for model in a.shapes:
+        for M in a.M:
+            r = stages_cell(model, M, a.calls, a.reps)
+            rows.append(r)
+            s, t, d = r["stage_ms"], r["tflops"], r["dense_tflops"]
+            print(f"{model} | {M} | {r['call_ms'] * 1e3:.1f} | {r['kernels_ms'] * 1e3:.1f} | "
+                  + " | ".join(f"{s.get(k, 0.0) * 1e3:.1f}" for k in ("routing", "gemm1", "gemm2", "reduce"))
+                  + f" | {t.get('gemm1', 0):.0f} ({d['gemm1']:.0f}) | {t.get('gemm2', 0):.0f} ({d['gemm2']:.0f})",
+                  flush=True)
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

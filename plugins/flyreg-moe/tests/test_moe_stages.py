@@ -1,0 +1,29 @@
+"""The stage breakdown (``benchmarks/moe_stages.py``): kernel names to stages, on the CPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import moe_stages  # noqa: E402
+
+from flyreg_moe import gemm_kernels, routing  # noqa: E402
+
+
+def test_every_stage_names_a_kernel_of_the_op() -> None:
+    kernels = {name for module in (gemm_kernels, routing) for name in vars(module) if name.endswith("_kernel")}
+    assert set(moe_stages.STAGES) == kernels  # a renamed or new kernel must be given its stage
+
+
+def test_stage_ms_sums_each_stage_per_call() -> None:
+    records = [("_count_kernel", 4.0), ("_offsets_kernel_0d1d2d", 2.0), ("_scatter_kernel", 6.0),
+               ("_gate_up_kernel", 900.0), ("_down_kernel", 500.0), ("_reduce_kernel", 30.0),
+               ("Memset (Device)", 1.0)] * 4
+    ms = moe_stages.stage_ms(records, calls=4)
+    assert ms == pytest.approx({"routing": 0.012, "gemm1": 0.9, "gemm2": 0.5, "reduce": 0.03, "other": 0.001})
+    with pytest.raises(ValueError, match="calls"):
+        moe_stages.stage_ms(records, calls=0)
