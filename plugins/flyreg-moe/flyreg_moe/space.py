@@ -7,7 +7,8 @@ step), ``GROUP_M`` (row tiles a group of programs walks per column tile) and ``S
 GEMM 2's reduction over N is split, float32 partials summed by the top-k reduction), with the hints
 ``num_warps`` and ``num_stages``. ``TMA=True`` has both GEMMs read their weight tiles through tensor
 descriptors (the tensor memory accelerator) instead of pointer loads; a config without the knob uses
-pointer loads (as every config did before it), and it is offered where :func:`tma_fits` the shapes.
+pointer loads (as every config did before it), and it is offered where :func:`tma_fits` the shapes (on a
+GPU before Hopper, which has no TMA, a TMA config runs the pointer loads: ``triton_moe.tma_hardware``).
 ``TAILS`` (1 or 2) pads each expert's run to ``BLOCK_M >> TAILS`` rows instead of BLOCK_M and lets its
 last row tile multiply only the half or quarter of BLOCK_M it needs; offered where an expert gets at
 least BLOCK_M rows on average, absent means none.

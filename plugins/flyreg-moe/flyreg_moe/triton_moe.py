@@ -50,6 +50,14 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def tma_hardware(device: torch.device) -> bool:
+    """Whether TMA can read weight tiles on ``device``: an NVIDIA GPU of compute capability 9.0 or later
+    (Hopper), or the interpreter's CPU tensors (it emulates the descriptors)."""
+    if device.type != "cuda":
+        return True
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _tma_aligned(w1: torch.Tensor, w2: torch.Tensor) -> bool:
     return (w1.data_ptr() | w2.data_ptr()) % ALIGN == 0
 
@@ -72,8 +80,9 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     Checks the call (the ids' values too, unless a CUDA graph is being captured) and compiles here.
     ``fused_silu=False`` runs GEMM 1 over all 2N columns and SiLU-and-mul as a kernel of its own.
     ``TMA``: both GEMMs read their weight tiles through tensor descriptors where :func:`.space.tma_fits`
-    the shapes and this call's weights are 16-byte aligned (else every call takes pointer loads); a later
-    call whose weights are not aligned takes the pointer loads, compiled here too.
+    the shapes, the device has TMA (:func:`tma_hardware`) and this call's weights are 16-byte aligned (else
+    every call takes pointer loads); a later call whose weights are not aligned takes the pointer loads,
+    compiled here too.
     ``TAILS``: each expert's run is padded to ``BLOCK_M >> TAILS`` rows, not to BLOCK_M, and its last row
     tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
     """
@@ -128,7 +137,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
             tile_hints, device)
         return gate_up, down
 
-    tma = TMA and tma_fits(E, N, K, x.element_size()) and _tma_aligned(w1, w2)
+    tma = TMA and tma_fits(E, N, K, x.element_size()) and tma_hardware(device) and _tma_aligned(w1, w2)
     # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
     launchers = {False: gemms(False, w1, w2)}
     if tma:

@@ -177,6 +177,27 @@ def test_tma_launcher_serves_weights_that_tma_cannot_read(monkeypatch) -> None:
 
 
 @needs_triton
+def test_tma_configs_take_pointer_loads_where_the_device_has_no_tma(monkeypatch) -> None:
+    # As on a GPU before Hopper: a TMA config (the default's large tile) binds, makes no descriptor and is right.
+    made = []
+    monkeypatch.setattr(triton_moe, "tma_hardware", lambda device: False)
+    monkeypatch.setattr(triton_moe, "_weight_descriptors", lambda *a: made.append(a) or pytest.fail("descriptor"))
+    args = call(7, 8, 48, 40, 2, device=DEVICE, seed=12)
+    run = triton_moe.bind_fused_moe(*args, **TILES[1], TMA=True)
+    assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16] and made == []
+
+
+@pytest.mark.parametrize(("capability", "has_tma"), [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)])
+def test_tma_hardware_is_hopper_or_later(monkeypatch, capability: tuple[int, int], has_tma: bool) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert triton_moe.tma_hardware(torch.device("cuda", 0)) is has_tma
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert triton_moe.tma_hardware(torch.device("cuda", 0)) is False
+    assert triton_moe.tma_hardware(torch.device("cpu")) is True  # the interpreter emulates TMA
+
+
+@needs_triton
 def test_bound_launcher_serves_new_values_of_the_same_signature() -> None:
     first = call(7, 8, 48, 40, 2, device=DEVICE, seed=3)
     run = triton_moe.bind_fused_moe(*first, **TILES[0])
