@@ -35,7 +35,7 @@ def knob(text: str) -> tuple[str, Any]:
     """``NAME=VALUE`` with VALUE parsed as JSON (``true``, ``4``), else kept as a string."""
     name, sep, value = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"--set takes NAME=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     try:
         return name, json.loads(value)
     except ValueError:
@@ -52,12 +52,12 @@ PROBE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K":
 TOLERANCE = 2e-2
 
 
-def check_knob(name: str, value: Any) -> None:
+def check_knob(name: str, value: Any, flag: str = "--set") -> None:
     """SystemExit naming the knob when the op would refuse it on any config (``TMA=True`` for ``TMA=true``)."""
     try:
         triton_moe.check_knobs(**{**PROBE, name: value})
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"--set {name}={value!r}: {e}") from None
+        raise SystemExit(f"{flag} {name}={value!r}: {e}") from None
 
 
 def ab_cell(name: str, M: int, knob_name: str, value: Any, rounds: int, reps: int) -> dict[str, Any]:

@@ -5,7 +5,8 @@ twice with GEMM 2 unsplit and, where the default would split it, split as the de
 (``space.default_split``), in two rounds of rotating order, as ``moe_bench.py`` times (CUDA-graph
 replays, median); the row keeps the median of the rounds. Also times the spec's current default
 and the config lookup serves. ``--knobs`` times each menu tile again with each given set of knobs
-(``--knobs TMA=true TMA=true,TAILS=2``), where the spec's space offers it.
+(``--knobs TMA=true TMA=true,TAILS=2``), where the spec's space offers it (a set the space never
+offers, such as ``TMA=false``, adds nothing).
 
     python plugins/flyreg-moe/benchmarks/moe_menu.py [--shapes NAME ...] [--M 1 2 ...] [--knobs SET ...]
         --json menu.json
@@ -39,8 +40,12 @@ MENU = [(16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 3, 1), (32, 64, 128, 4, 4, 8),
 
 
 def knob_set(text: str) -> dict[str, Any]:
-    """``NAME=VALUE,...`` with each VALUE parsed as JSON (``TMA=true,TAILS=2``)."""
-    return dict(knob(part) for part in text.split(","))
+    """``NAME=VALUE,...`` with each VALUE parsed as JSON (``TMA=true,TAILS=2``), each NAME once."""
+    pairs = [knob(part) for part in text.split(",")]
+    names = [name for name, _ in pairs]
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"a knob set names each knob once, got {text!r}")
+    return dict(pairs)
 
 
 def menu_configs(spec: dict[str, Any], knob_sets: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
@@ -68,7 +73,7 @@ def main() -> None:
     a = p.parse_args()
     for extra in a.knobs:
         for name, value in extra.items():
-            check_knob(name, value)
+            check_knob(name, value, "--knobs")
     rows: list[dict[str, Any]] = []
     for name in a.shapes:
         E, K, N, topk = MODEL_SHAPES[name]
@@ -78,7 +83,7 @@ def main() -> None:
             configs = menu_configs(spec, a.knobs)
             served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
             default = space.triton_default(spec)
-            configs += [c for c in (default, served) if c not in configs]
+            configs += [c for c in dict.fromkeys((default, served)) if c not in configs]
             runs = {c: triton_moe.bind_fused_moe(*args, **c.kwargs, **c.hints) for c in configs}
             times, _ = timed_in_rounds({c: (lambda c=c: runs[c](*args)) for c in configs}, 2, a.reps)
             ms = {c: statistics.median(t) for c, t in times.items()}

@@ -144,8 +144,9 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
       tiles, 4 warps, 5 stages, groups of up to 16;
     * r <= 256 and N <= 1024: 64 x 256 tiles, 8 warps, 3 stages;
     * else: 128 x 128 tiles, 64 deep, 8 warps, 4 stages, groups of up to 8, with the weights read by TMA
-      where :func:`tma_fits` and quarter tail tiles where :func:`tails_fit` (on Mixtral and gpt-oss at
-      M = 1024 to 8192 each made this tile 3 to 19 % faster, ``benchmarks/moe_knob_ab.py``).
+      where :func:`tma_fits` and quarter tail tiles where :func:`tails_fit` (``benchmarks/moe_knob_ab.py``
+      on the H200, Mixtral and gpt-oss at M = 1024 and up: TMA 1 to 10 % faster, quarter tails 1 to 19 %
+      up to M = 4096; the re-tune chose this config at every M >= 1024 of gpt-oss and Mixtral).
     """
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)

@@ -22,7 +22,7 @@ def _spec(model: str, M: int) -> dict[str, int]:
 
 
 def test_knob_sets_add_the_offered_twins_of_the_menu_tiles() -> None:
-    spec = _spec("Mixtral-8x7B", 1024)  # 256 rows an expert: every tile takes TMA and tails
+    spec = _spec("Mixtral-8x7B", 1024)  # 256 rows an expert: every tile takes TMA, tiles of 64 rows up both tails
     plain = moe_menu.menu_configs(spec)
     sets = [moe_menu.knob_set("TMA=true"), moe_menu.knob_set("TMA=true,TAILS=2")]
     both = moe_menu.menu_configs(spec, sets)
@@ -39,7 +39,9 @@ def test_knob_sets_the_space_refuses_are_left_out() -> None:
     assert moe_menu.menu_configs(spec, [moe_menu.knob_set("TAILS=2")]) == moe_menu.menu_configs(spec)
 
 
-def test_knob_set_parses_json_values_and_rejects_a_bare_name() -> None:
+def test_knob_set_parses_json_values_and_rejects_a_bare_name_or_a_repeat() -> None:
     assert moe_menu.knob_set("TMA=true,TAILS=2") == {"TMA": True, "TAILS": 2}
     with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
         moe_menu.knob_set("TMA")
+    with pytest.raises(argparse.ArgumentTypeError, match="once"):
+        moe_menu.knob_set("TMA=true,TMA=false")

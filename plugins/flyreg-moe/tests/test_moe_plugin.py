@@ -117,6 +117,7 @@ def test_the_default_takes_tma_and_quarter_tails_on_its_large_tile_only(shape: s
     spec = {"E": E, "K": K, "N": N, "topk": topk, "M": M}
     k = space.triton_default(spec).kwargs
     large = (k["BLOCK_M"], k["BLOCK_N"]) == (128, 128)
+    assert large is (space.rows_per_expert(spec) > 64 and not (space.rows_per_expert(spec) <= 256 and N <= 1024))
     assert k.get("TMA", False) is large  # every model shape's weight rows are 16-byte strided
     assert k.get("TAILS", 0) == (2 if large and space.rows_per_expert(spec) >= 128 else 0)
 
