@@ -17,6 +17,12 @@ With ``TMA`` the weight tiles are read by the tensor memory accelerator: ``W1`` 
 host-side tensor descriptor over w1 as [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K]
 blocks, which zero-fills what lies past the reduction's end, instead of a pointer.
 
+With ``SLOT_H`` the intermediate h is stored by slot, not by pair: GEMM 1 writes a tile's rows as one
+block of the [slots, N] buffer and GEMM 2 reads them as one, with TMA too (``H``, ``H2`` and ``H4``
+are then descriptors over h in [BLOCK_M, BLOCK_K], [BLOCK_M // 2, ...] and [BLOCK_M // 4, ...] blocks,
+one for each tile height). A padding slot of h is never written; the rows it gives GEMM 2 are never
+stored.
+
 Knobs that only change arithmetic on runtime values (GROUP_M, SPLIT_K) are runtime arguments, so
 configs that differ in them share one binary.
 """
@@ -74,6 +80,14 @@ def _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M: tl.constex
 
 
 @triton.jit
+def _first_slot(pid_m, start, BLOCK_M: tl.constexpr, TABLE: tl.constexpr):
+    # The first slot of row tile pid_m: ``start`` from the tile table, else pid_m * BLOCK_M.
+    if TABLE:
+        return start
+    return pid_m * BLOCK_M
+
+
+@triton.jit
 def _tile_slots(TABLE, pid_m, tiles_m):
     # (first slot, slots) of row tile pid_m in the routing's tile table.
     return tl.load(TABLE + 1 + pid_m), tl.load(TABLE + 1 + tiles_m + pid_m)
@@ -84,37 +98,37 @@ def _tile_slots(TABLE, pid_m, tiles_m):
 def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, topk, x_stride, N, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
-                    TAILS: tl.constexpr = 0):
+                    TAILS: tl.constexpr = 0, SLOT_H: tl.constexpr = False):
     width = N if FUSED else 2 * N  # output columns
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(width, BLOCK_N), group_m)
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
             return
         _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, 0, 0, P, topk, x_stride, N, K, width,
-                      BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, False)
+                      BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, False, SLOT_H)
     else:
         if pid_m >= tl.load(USED):
             return
         start, rows = _tile_slots(USED, pid_m, tiles_m)
         if rows > BLOCK_M // 2:
             _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
+                          BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
         elif TAILS == 1:
             _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
         elif rows > BLOCK_M // 4:
             _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
         else:
             _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M // 4, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True)
+                          BLOCK_M // 4, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
 
 
 @triton.jit
 def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-                  TABLE: tl.constexpr):
+                  TABLE: tl.constexpr, SLOT_H: tl.constexpr):
     # GEMM 1 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n.
     pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -159,7 +173,8 @@ def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, 
             g_ptr += BLOCK_K
     if FUSED:
         acc = acc * tl.sigmoid(acc) * acc_u
-    out = H + (pairs.to(tl.int64) * width)[:, None] + cols[None, :]
+    h_rows = _first_slot(pid_m, start, BLOCK_M, TABLE) + tl.arange(0, BLOCK_M) if SLOT_H else pairs
+    out = H + (h_rows.to(tl.int64) * width)[:, None] + cols[None, :]
     mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
     tl.store(out, acc.to(H.dtype.element_ty), mask=mask)
 
@@ -176,42 +191,43 @@ def _silu_mul_kernel(GU, H, P, N, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "split_k", "k_tiles_per_split"])
-def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group_m, split_k,
+def _down_kernel(H, H2, H4, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group_m, split_k,
                  k_tiles_per_split, N, K,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
-                 TAILS: tl.constexpr = 0):
+                 TAILS: tl.constexpr = 0, SLOT_H: tl.constexpr = False):
     # Output columns are K (x's width); the reduction runs over N. PARTIAL: float32 partials per split.
+    # H2 and H4 are h for the half and quarter tiles (the same pointer as H unless SLOT_H and TMA).
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(K, BLOCK_N), group_m)
     split = tl.program_id(1)
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
             return
         _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, 0, 0, P, k_tiles_per_split, N, K,
-                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, False)
+                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, False, SLOT_H)
     else:
         if pid_m >= tl.load(USED):
             return
         start, rows = _tile_slots(USED, pid_m, tiles_m)
         if rows > BLOCK_M // 2:
             _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
+                       N, K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
         elif TAILS == 1:
-            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
+            _down_tile(H2, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
         elif rows > BLOCK_M // 4:
-            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
+            _down_tile(H2, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
         else:
-            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
+            _down_tile(H4, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
 
 
 @triton.jit
 def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split, N,
                K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-               TABLE: tl.constexpr):
+               TABLE: tl.constexpr, SLOT_H: tl.constexpr):
     # GEMM 2 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n, reduction split ``split``.
     pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -220,17 +236,27 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
     ks = tl.arange(0, BLOCK_K)
     k_first = split * k_tiles_per_split * BLOCK_K
     k_end = tl.minimum(N, k_first + k_tiles_per_split * BLOCK_K)
-    a_ptr = H + (pairs.to(tl.int64) * N)[:, None] + (k_first + ks)[None, :]
+    first = _first_slot(pid_m, start, BLOCK_M, TABLE)
+    if SLOT_H:  # the tile's slots; a padding slot reads the first slot's row (its result is never stored)
+        h_rows = tl.where(valid, first + tl.arange(0, BLOCK_M), first)
+    else:
+        h_rows = pairs
+    h_tma: tl.constexpr = SLOT_H and TMA
+    if not h_tma:
+        a_ptr = H + (h_rows.to(tl.int64) * N)[:, None] + (k_first + ks)[None, :]
     if TMA:  # the tile's first row of w2 as [E * K, N]
         w_row = (e * K + pid_n * BLOCK_N).to(tl.int32)
     else:
         b_ptr = W2 + e * (K * N) + (wcols.to(tl.int64) * N)[None, :] + (k_first + ks)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_first, k_end, BLOCK_K):
-        if EVEN_K:
+        if not EVEN_K:
+            k_ok = ks < k_end - k0
+        if h_tma:  # zero-filled past N; a split's steps end on a BLOCK_K boundary or at N
+            a = H.load([first.to(tl.int32), k0])
+        elif EVEN_K:
             a = tl.load(a_ptr)
         else:
-            k_ok = ks < k_end - k0
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
         if TMA:
             b = W2.load([w_row, k0]).T
@@ -239,7 +265,8 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
         else:
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a, b, acc, UPCAST)
-        a_ptr += BLOCK_K
+        if not h_tma:
+            a_ptr += BLOCK_K
         if not TMA:
             b_ptr += BLOCK_K
     acc = acc * tl.load(TOPK_W + pairs, mask=valid, other=0.0)[:, None]

@@ -11,7 +11,8 @@ pointer loads (as every config did before it), and it is offered where :func:`tm
 GPU before Hopper, which has no TMA, a TMA config runs the pointer loads: ``triton_moe.tma_hardware``).
 ``TAILS`` (1 or 2) pads each expert's run to ``BLOCK_M >> TAILS`` rows instead of BLOCK_M and lets its
 last row tile multiply only the half or quarter of BLOCK_M it needs; offered where an expert gets at
-least BLOCK_M rows on average, absent means none.
+least BLOCK_M rows on average, absent means none. ``SLOT_H`` (h stored by slot) is a bind option of
+``triton_moe`` that the spaces do not offer yet.
 CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
 """
 

@@ -29,17 +29,18 @@ POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
-                TAILS: int = 0) -> None:
+                TAILS: int = 0, SLOT_H: bool = False) -> None:
     """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes), an int >= 1
-    (GROUP_M, SPLIT_K), a bool (TMA), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16 (TAILS)."""
+    (GROUP_M, SPLIT_K), a bool (TMA, SLOT_H), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16 (TAILS)."""
     for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("BLOCK_K", BLOCK_K)):
         if isinstance(value, bool) or not isinstance(value, int) or value < POW2_KNOBS[name] or value & (value - 1):
             raise ValueError(f"fused_moe: {name} must be a power of two >= {POW2_KNOBS[name]}, got {value!r}")
     for name, value in (("GROUP_M", GROUP_M), ("SPLIT_K", SPLIT_K)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"fused_moe: {name} must be an int >= 1, got {value!r}")
-    if not isinstance(TMA, bool):
-        raise ValueError(f"fused_moe: TMA must be a bool, got {TMA!r}")
+    for name, flag in (("TMA", TMA), ("SLOT_H", SLOT_H)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"fused_moe: {name} must be a bool, got {flag!r}")
     if (isinstance(TAILS, bool) or not isinstance(TAILS, int) or TAILS not in space.TAILS
             or BLOCK_M >> TAILS < POW2_KNOBS["BLOCK_M"]):
         raise ValueError(f"fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= {POW2_KNOBS['BLOCK_M']}, "
@@ -62,6 +63,16 @@ def _tma_aligned(w1: torch.Tensor, w2: torch.Tensor) -> bool:
     return (w1.data_ptr() | w2.data_ptr()) % ALIGN == 0
 
 
+def _h_descriptors(h: torch.Tensor, block_m: int, block_k: int, tails: int) -> tuple[Any, Any, Any]:
+    """Host-side tensor descriptors of h (by slot) in the blocks of a full, half and quarter row tile (a tile
+    height that ``tails`` never takes repeats the one above it)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    full = TensorDescriptor.from_tensor(h, [block_m, block_k])
+    half = TensorDescriptor.from_tensor(h, [block_m // 2, block_k]) if tails >= 1 else full
+    return full, half, (TensorDescriptor.from_tensor(h, [block_m // 4, block_k]) if tails == 2 else half)
+
+
 def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_k: int) -> tuple[Any, Any]:
     """Host-side tensor descriptors of w1 as [E * 2N, K] and w2 as [E * K, N] rows, in [block_n, block_k] blocks."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -73,8 +84,8 @@ def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_
 
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
-                   TMA: bool = False, TAILS: int = 0, num_warps: int | None = None, num_stages: int | None = None,
-                   fused_silu: bool = True) -> Callable[..., torch.Tensor]:
+                   TMA: bool = False, TAILS: int = 0, SLOT_H: bool = False, num_warps: int | None = None,
+                   num_stages: int | None = None, fused_silu: bool = True) -> Callable[..., torch.Tensor]:
     """The launcher of calls shaped like this one: ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``.
 
     Checks the call (the ids' values too, unless a CUDA graph is being captured) and compiles here.
@@ -85,9 +96,13 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     compiled here too.
     ``TAILS``: each expert's run is padded to ``BLOCK_M >> TAILS`` rows, not to BLOCK_M, and its last row
     tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
+    ``SLOT_H``: the intermediate h is stored by slot, so GEMM 2 reads a tile's rows as one block, by TMA
+    where the weights are; SiLU-and-mul must be fused.
     """
     M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, SLOT_H)
+    if SLOT_H and not fused_silu:
+        raise ValueError("fused_moe: SLOT_H needs SiLU-and-mul fused into GEMM 1 (fused_silu=True)")
     if not _capturing(topk_ids):
         check_ids(topk_ids, E)
     dtype, device = x.dtype, x.device
@@ -107,7 +122,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     upcast = interpreted() and dtype == torch.bfloat16
 
     def buffers() -> tuple[RoutingViews, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        gu = torch.empty((P, width), dtype=dtype, device=device)
+        gu = torch.empty((plan.rows if SLOT_H else P, width), dtype=dtype, device=device)
         h = gu if fused_silu else torch.empty((P, N), dtype=dtype, device=device)
         y = torch.empty((split, P, K), dtype=y_dtype, device=device)
         return plan.workspace(device), gu, h, y, torch.empty((M, K), dtype=dtype, device=device)
@@ -119,6 +134,10 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     tile_hints = hints(num_warps, num_stages)
     route = plan.launcher(ids, v)
 
+    def h_views(tma: bool, h: torch.Tensor) -> tuple[Any, Any, Any]:
+        # What GEMM 2 reads h through for a full, half and quarter tile: descriptors (SLOT_H by TMA) or h.
+        return _h_descriptors(h, BLOCK_M, BLOCK_K, TAILS) if tma and SLOT_H else (h, h, h)
+
     def gemms(tma: bool, wa: Any, wb: Any) -> tuple[Callable[..., None], Callable[..., None]]:
         # GEMM 1 and GEMM 2 launchers, with weight tiles by TMA (wa, wb: descriptors) or by pointers (w1, w2).
         gate_up = compiled_launcher(
@@ -126,14 +145,14 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
             (x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
             {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "FUSED": fused_silu,
              "EVEN_K": K % BLOCK_K == 0, "EVEN_N": width % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma,
-             "TAILS": TAILS},
+             "TAILS": TAILS, "SLOT_H": SLOT_H},
             tile_hints, device)
         down = compiled_launcher(
             gk._down_kernel, (tiles_m * triton.cdiv(K, BLOCK_N), split),
-            (h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
+            (*h_views(tma, h), wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
             {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
              "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma,
-             "TAILS": TAILS},
+             "TAILS": TAILS, "SLOT_H": SLOT_H},
             tile_hints, device)
         return gate_up, down
 
@@ -160,7 +179,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         gate_up(x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
         if silu_mul is not None:
             silu_mul(gu, h, P, N)
-        down(h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
+        down(*h_views(on, h), wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
         reduce(y, ids, out, M, topk, split, E, K)
         return out
 

@@ -94,6 +94,10 @@ def test_triton_tma_weight_loads_match_reference(case: tuple) -> None:
     for knobs in TILES[:2]:
         out = triton_moe.fused_moe_triton(*args, **knobs, TMA=True, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+    # h stored by slot: GEMM 2 reads each tile's rows as one block, by pointers and by TMA.
+    for knobs, tma in ((TILES[0], False), (TILES[1], True)):
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=True, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma)
 
 
 #: Pairs an expert gets, for 64-row tiles with tails: a quarter tail (69 = 64 + 5), a half tail (84),
@@ -142,10 +146,11 @@ def test_tail_tiles_of_every_size_match_reference() -> None:
     x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=13)
     args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=13).to(DEVICE))
     ref = reference(*args)
-    for tails, split, tma in ((1, 1, False), (2, 2, True)):
+    for tails, split, tma, slot_h in ((1, 1, False, False), (2, 2, True, False), (1, 2, False, True),
+                                      (2, 1, True, True), (2, 2, True, True)):
         knobs = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails}
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, num_warps=4)
-        assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=slot_h, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma, slot_h)
 
 
 def _off_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -223,6 +228,10 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[0], "SPLIT_K": 0})
     with pytest.raises(ValueError, match="TMA must be a bool, got 1"):
         triton_moe.bind_fused_moe(*args, **TILES[0], TMA=1)
+    with pytest.raises(ValueError, match="SLOT_H must be a bool, got 'yes'"):
+        triton_moe.bind_fused_moe(*args, **TILES[0], SLOT_H="yes")
+    with pytest.raises(ValueError, match="SLOT_H needs SiLU-and-mul fused"):
+        triton_moe.bind_fused_moe(*args, **TILES[0], SLOT_H=True, fused_silu=False)
     with pytest.raises(ValueError,
                        match="TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, got TAILS=1 with BLOCK_M=16"):
         triton_moe.bind_fused_moe(*args, **TILES[0], TAILS=1)
@@ -296,8 +305,10 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     args = _gpu_call(M, MODEL[model])
     ref = cpu.fused_moe_reference(*args)
-    for bm, warps, tails, tma in ((128, 8, 2, False), (128, 8, 1, True), (64, 4, 2, True)):
-        knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "TAILS": tails, "TMA": tma}
+    for bm, warps, tails, tma, slot_h in ((128, 8, 2, False, False), (128, 8, 1, True, False), (64, 4, 2, True, False),
+                                          (128, 8, 2, True, True), (64, 4, 0, False, True)):
+        knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "TAILS": tails, "TMA": tma,
+                 "SLOT_H": slot_h}
         out = triton_moe.fused_moe_triton(*args, **knobs, num_warps=warps, num_stages=3)
         assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
 
