@@ -51,7 +51,7 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
     else:
         fn = gk._down_kernel
         types = [*hs, w, "*fp32" if partial else "*bf16", "*i32", "*i32", "*i32", "*fp32"] + ["i32"] * 7
-        types = types if "H2" in fn.arg_names else types[2:]  # a kernel from before SLOT_H takes one h
+        types = types if "H2" in fn.arg_names else ["*bf16", *types[3:]]  # a kernel from before SLOT_H: one h
         consts = {"PARTIAL": partial, "EVEN_K": N % bk == 0, "EVEN_N": K % bn == 0}
     consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails,
               "SLOT_H": slot_h}

@@ -6,6 +6,7 @@ conftest.py) on CPU tensors at tiny shapes; tests marked ``gpu`` run the model s
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -153,6 +154,20 @@ def test_tail_tiles_of_every_size_match_reference() -> None:
         assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma, slot_h)
 
 
+@needs_triton
+def test_slot_h_tiles_that_reach_past_the_last_slot_match_reference() -> None:
+    # Four experts of 33 pairs in 64-row tiles with quarter tails: 192 slots, and the last full-height tile
+    # (48 of its 64 slots used) reaches 16 rows past h's end, which TMA zero-fills and the pointers clamp.
+    counts, topk, N, K = [33, 33, 33, 33], 1, 24, 32
+    x, w1, w2, tw, _ = call(sum(counts), len(counts), N, K, topk, device=DEVICE, seed=14)
+    args = (x, w1, w2, tw, _routed(counts, topk, seed=14).to(DEVICE))
+    ref = reference(*args)
+    for tma, split in itertools.product((False, True), (1, 2)):
+        knobs = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": 2}
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=True, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], (tma, split)
+
+
 def _off_16_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``t`` whose address is 2 bytes past a 16-byte boundary."""
     buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
@@ -173,11 +188,11 @@ def test_tma_launcher_serves_weights_that_tma_cannot_read(monkeypatch) -> None:
     x, w1, w2, tw, ids = aligned
     shifted = (x, _off_16_bytes(w1), _off_16_bytes(w2), tw, ids)
     assert shifted[1].data_ptr() % 16 and shifted[2].data_ptr() % 16
-    for first, then in ((aligned, shifted), (shifted, aligned)):
+    for (first, then), slot_h in itertools.product(((aligned, shifted), (shifted, aligned)), (False, True)):
         made.clear()
-        run = triton_moe.bind_fused_moe(*first, **TILES[1], TMA=True)
+        run = triton_moe.bind_fused_moe(*first, **TILES[1], TMA=True, SLOT_H=slot_h)
         for args in (first, then, first):
-            assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16]
+            assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16], slot_h
         assert made == ([w1.data_ptr()] * 3 if first is aligned else [])  # the bind, then the two aligned calls
 
 
@@ -188,8 +203,9 @@ def test_tma_configs_take_pointer_loads_where_the_device_has_no_tma(monkeypatch)
     monkeypatch.setattr(triton_moe, "tma_hardware", lambda device: False)
     monkeypatch.setattr(triton_moe, "_weight_descriptors", lambda *a: made.append(a) or pytest.fail("descriptor"))
     args = call(7, 8, 48, 40, 2, device=DEVICE, seed=12)
-    run = triton_moe.bind_fused_moe(*args, **TILES[1], TMA=True)
-    assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16] and made == []
+    for slot_h in (False, True):
+        run = triton_moe.bind_fused_moe(*args, **TILES[1], TMA=True, SLOT_H=slot_h)
+        assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16] and made == []
 
 
 @pytest.mark.parametrize(("capability", "has_tma"), [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)])
@@ -305,10 +321,12 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     args = _gpu_call(M, MODEL[model])
     ref = cpu.fused_moe_reference(*args)
-    for bm, warps, tails, tma, slot_h in ((128, 8, 2, False, False), (128, 8, 1, True, False), (64, 4, 2, True, False),
-                                          (128, 8, 2, True, True), (64, 4, 0, False, True)):
-        knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "TAILS": tails, "TMA": tma,
-                 "SLOT_H": slot_h}
+    for bm, warps, tails, tma, slot_h, split in ((128, 8, 2, False, False, 1), (128, 8, 1, True, False, 1),
+                                                 (64, 4, 2, True, False, 1), (128, 8, 2, True, True, 1),
+                                                 (128, 8, 1, True, True, 2), (64, 4, 0, True, True, 1),
+                                                 (64, 4, 0, False, True, 2)):
+        knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": split, "TAILS": tails,
+                 "TMA": tma, "SLOT_H": slot_h}
         out = triton_moe.fused_moe_triton(*args, **knobs, num_warps=warps, num_stages=3)
         assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
 
