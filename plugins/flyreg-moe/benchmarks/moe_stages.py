@@ -71,12 +71,12 @@ def stages_cell(name: str, M: int, calls: int, reps: int) -> dict[str, Any]:
     served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
     run = triton_moe.bind_fused_moe(*args, **served.kwargs, **served.hints)
     ms = stage_ms(profiled_kernels(lambda: run(*args), calls), calls)
-    a1, b1 = (torch.randn(P, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, 2 * N, device="cuda",
-                                                                                  dtype=torch.bfloat16))
-    a2, b2 = (torch.randn(P, N, device="cuda", dtype=torch.bfloat16), torch.randn(N, K, device="cuda",
-                                                                                  dtype=torch.bfloat16))
-    dense1, _ = time_ms(lambda: a1 @ b1, reps)
-    dense2, _ = time_ms(lambda: a2 @ b2, reps)
+    def dense_ms(rows: int, inner: int, cols: int) -> float:
+        a = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(inner, cols, device="cuda", dtype=torch.bfloat16)
+        return time_ms(lambda: a @ b, reps)[0]
+
+    dense1, dense2 = dense_ms(P, K, 2 * N), dense_ms(P, N, K)
     call, _ = time_ms(lambda: run(*args), reps)
     flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K}
     return {"model": name, "M": M, "config": served.to_json(), "stage_ms": ms, "call_ms": call,

@@ -16,11 +16,9 @@ import triton
 from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted
 
 from . import gemm_kernels as gk
-from . import routing
+from . import routing, space
 from .checks import check_ids, check_moe
 from .routing_plan import RoutingPlan, RoutingViews
-from . import space
-from .space import tma_fits
 
 #: Columns a reduction (and an unfused SiLU-and-mul) program covers at most.
 REDUCE_BLOCK = 1024
@@ -156,7 +154,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
             tile_hints, device)
         return gate_up, down
 
-    tma = TMA and tma_fits(E, N, K, x.element_size()) and tma_hardware(device) and _tma_aligned(w1, w2)
+    tma = TMA and space.tma_fits(E, N, K, x.element_size()) and tma_hardware(device) and _tma_aligned(w1, w2)
     # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
     launchers = {False: gemms(False, w1, w2)}
     if tma:
