@@ -11,8 +11,9 @@ pointer loads (as every config did before it), and it is offered where :func:`tm
 GPU before Hopper, which has no TMA, a TMA config runs the pointer loads: ``triton_moe.tma_hardware``).
 ``TAILS`` (1 or 2) pads each expert's run to ``BLOCK_M >> TAILS`` rows instead of BLOCK_M and lets its
 last row tile multiply only the half or quarter of BLOCK_M it needs; offered where an expert gets at
-least BLOCK_M rows on average, absent means none. ``SLOT_H`` (h stored by slot) is a bind option of
-``triton_moe`` that the spaces do not offer yet.
+least BLOCK_M rows on average, absent means none. ``BLOCK_N_DOWN`` (256) gives GEMM 2 tiles twice as wide
+as GEMM 1's 128 columns (:func:`wide_down_fits`); absent means BLOCK_N. ``SLOT_H`` (h stored by slot) is a bind
+option of ``triton_moe`` that the spaces do not offer (1 to 4 % faster at M >= 2048 on the H200, within the noise).
 CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
 """
 
@@ -90,6 +91,17 @@ def tails_fit(r: int, bm: int, tails: int) -> bool:
     return tails == 0 or (r >= bm and bm >> tails >= BLOCK_MS[0])
 
 
+#: GEMM 2's output columns a tile may take beside GEMM 1's BLOCK_N = 128.
+WIDE_DOWN = 256
+
+
+def wide_down_fits(bm: int, bn: int, bk: int, warps: int, stages: int, K: int) -> bool:
+    """Whether GEMM 2 may take :data:`WIDE_DOWN` output columns under a GEMM 1 tile of ``bn`` = 128 columns: K
+    spans such a tile, and its accumulator and pipeline fit the registers and shared memory."""
+    return (bn == 128 and K >= WIDE_DOWN and bm * WIDE_DOWN <= MAX_ACC_PER_THREAD * 32 * warps
+            and stages * (bm * bk + bk * WIDE_DOWN) * 2 <= SMEM_BYTES)
+
+
 def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
     """Shared memory of GEMM 1's pipeline (x tile and the gate and up tiles, 2 bytes an element)."""
     return stages * (bm * bk + 2 * bk * bn) * 2
@@ -124,9 +136,11 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
         k_tiles = -(-N // bk)
         splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and k_tiles >= 2 * s)]
         tails = [t for t in TAILS if tails_fit(r, bm, t)]
-        for g, s, tma, tail in itertools.product(groups, splits, tmas, tails):
+        downs = (None, WIDE_DOWN) if wide_down_fits(bm, bn, bk, warps, stages, K) else (None,)
+        for g, s, tma, tail, down in itertools.product(groups, splits, tmas, tails, downs):
             knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s,
-                     **({"TMA": True} if tma else {}), **({"TAILS": tail} if tail else {})}
+                     **({"TMA": True} if tma else {}), **({"TAILS": tail} if tail else {}),
+                     **({"BLOCK_N_DOWN": down} if down else {})}
             out.append(Config(knobs, num_warps=warps, num_stages=stages))
     return out
 
@@ -135,42 +149,43 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets (r) and N.
 
     Chosen from a fixed menu of tiles timed on every shipped workload on the H200
-    (``benchmarks/moe_menu.py``):
+    (``benchmarks/moe_menu.py``, with ``--knobs`` for TMA and tails since session 14):
 
     * r <= 16 (decode): 16 x 128 tiles, 128 deep, 4 warps, 3 stages, GEMM 2 split as
       :func:`default_split` says; above 8 rows, groups of up to 16 (the tuned configs of every
       r = 12 to 16 workload group their row tiles; at Mixtral M = 64 ungrouped tiles read 1.15x slower);
-    * r <= 32: 32 x 128 tiles, 64 deep, 4 warps, 4 stages, groups of up to 16;
-    * r <= 64: 64 x 256 tiles, 8 warps, 3 stages while N < 2048 (few column tiles), else 64 x 128
-      tiles, 4 warps, 5 stages, groups of up to 16;
-    * r <= 256 and N <= 1024: 64 x 256 tiles, 8 warps, 3 stages;
-    * else: 128 x 128 tiles, 64 deep, 8 warps, 4 stages, groups of up to 8, with the weights read by TMA
-      where :func:`tma_fits` and quarter tail tiles where :func:`tails_fit` (``benchmarks/moe_knob_ab.py``
-      on the H200, Mixtral and gpt-oss at M = 1024 and up: TMA 1 to 10 % faster, quarter tails 1 to 19 %
-      up to M = 4096; the re-tune chose this config at every M >= 1024 of gpt-oss and Mixtral).
+    * r <= 32: 32 x 128 tiles, 128 deep, 4 warps, 2 stages, groups of up to 4, half tails;
+    * r <= 64: 64 x 128 tiles, 64 deep, 4 warps, 4 stages, groups of up to 16, quarter tails;
+    * else: 128 x 128 tiles, 64 deep, 8 warps, 4 stages, groups of up to 8, quarter tails, GEMM 2 tiles
+      256 wide where :func:`wide_down_fits` (``moe_knob_ab.py --set BLOCK_N_DOWN=256`` on all four shapes at
+      M >= 2048, session 14: 0.90 to 0.95 of the time of the same config with 128-wide GEMM 2 tiles).
+
+    Above 16 rows an expert the weights are read by TMA where :func:`tma_fits`, and tails are taken where
+    :func:`tails_fit`. On the menu at 24 to 128 rows an expert (session 14) these are within 2 % of the
+    menu's best in 9 of 9 cells; the tiles they replaced (32 x 128 x 64 without tails, 64 x 256 below
+    N = 2048) read up to 1.17x slower. (``benchmarks/moe_knob_ab.py`` at M >= 1024 on Mixtral and gpt-oss:
+    TMA 1 to 10 % faster, quarter tails 1 to 19 % up to M = 4096.)
     """
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     if r <= 8:
-        bm, bn, bk, warps, stages, group = 16, 128, 128, 4, 3, 1
+        bm, bn, bk, warps, stages, group, tails = 16, 128, 128, 4, 3, 1, 0
     elif r <= 16:  # some experts get more than one row tile: grouped, they read their weights once from L2
-        bm, bn, bk, warps, stages, group = 16, 128, 128, 4, 3, 16
+        bm, bn, bk, warps, stages, group, tails = 16, 128, 128, 4, 3, 16, 0
     elif r <= 32:
-        bm, bn, bk, warps, stages, group = 32, 128, 64, 4, 4, 16
-    elif r <= 64 and N < 2048:
-        bm, bn, bk, warps, stages, group = 64, 256, 64, 8, 3, 1
+        bm, bn, bk, warps, stages, group, tails = 32, 128, 128, 4, 2, 4, 1
     elif r <= 64:
-        bm, bn, bk, warps, stages, group = 64, 128, 64, 4, 5, 16
-    elif r <= 256 and N <= 1024:
-        bm, bn, bk, warps, stages, group = 64, 256, 64, 8, 3, 1
+        bm, bn, bk, warps, stages, group, tails = 64, 128, 64, 4, 4, 16, 2
     else:
-        bm, bn, bk, warps, stages, group = 128, 128, 64, 8, 4, 8
+        bm, bn, bk, warps, stages, group, tails = 128, 128, 64, 8, 4, 8, 2
     bm = min(bm, max(BLOCK_MS[0], _next_pow2(r)))
     group = max(g for g in _groups(spec) if g <= group)
-    large = bm == 128 and bn == 128
+    tma = r > 16 and tma_fits(E, N, K)
+    tails = max(t for t in TAILS if t <= tails and tails_fit(r, bm, t))
+    wide = bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K)
     knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": default_split(spec, bm, bn, bk),
-             **({"TMA": True} if large and tma_fits(E, N, K) else {}),
-             **({"TAILS": 2} if large and tails_fit(r, bm, 2) else {})}
+             **({"TMA": True} if tma else {}), **({"TAILS": tails} if tails else {}),
+             **({"BLOCK_N_DOWN": WIDE_DOWN} if wide else {})}
     return Config(knobs, num_warps=warps, num_stages=stages)
 
 

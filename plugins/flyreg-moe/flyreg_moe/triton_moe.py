@@ -23,14 +23,16 @@ from .routing_plan import RoutingPlan, RoutingViews
 #: Columns a reduction (and an unfused SiLU-and-mul) program covers at most.
 REDUCE_BLOCK = 1024
 #: Knobs that must be powers of two, and their smallest values (tl.dot needs 16 rows, columns and depth).
-POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_N_DOWN": 16}
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
-                TAILS: int = 0, SLOT_H: bool = False) -> None:
-    """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes), an int >= 1
-    (GROUP_M, SPLIT_K), a bool (TMA, SLOT_H), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16 (TAILS)."""
-    for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("BLOCK_K", BLOCK_K)):
+                TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None) -> None:
+    """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes; BLOCK_N_DOWN
+    may also be None), an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, SLOT_H), or 0, 1 or 2 with
+    BLOCK_M >> TAILS >= 16 (TAILS)."""
+    for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("BLOCK_K", BLOCK_K),
+                        ("BLOCK_N_DOWN", BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN)):
         if isinstance(value, bool) or not isinstance(value, int) or value < POW2_KNOBS[name] or value & (value - 1):
             raise ValueError(f"fused_moe: {name} must be a power of two >= {POW2_KNOBS[name]}, got {value!r}")
     for name, value in (("GROUP_M", GROUP_M), ("SPLIT_K", SPLIT_K)):
@@ -71,18 +73,21 @@ def _h_descriptors(h: torch.Tensor, block_m: int, block_k: int, tails: int) -> t
     return full, half, (TensorDescriptor.from_tensor(h, [block_m // 4, block_k]) if tails == 2 else half)
 
 
-def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_k: int) -> tuple[Any, Any]:
-    """Host-side tensor descriptors of w1 as [E * 2N, K] and w2 as [E * K, N] rows, in [block_n, block_k] blocks."""
+def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_n_down: int,
+                        block_k: int) -> tuple[Any, Any]:
+    """Host-side tensor descriptors of w1 as [E * 2N, K] rows in [block_n, block_k] blocks and of w2 as
+    [E * K, N] rows in [block_n_down, block_k] blocks."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     E, two_n, K = w1.shape
     return (TensorDescriptor.from_tensor(w1.view(E * two_n, K), [block_n, block_k]),
-            TensorDescriptor.from_tensor(w2.view(E * K, two_n // 2), [block_n, block_k]))
+            TensorDescriptor.from_tensor(w2.view(E * K, two_n // 2), [block_n_down, block_k]))
 
 
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
-                   TMA: bool = False, TAILS: int = 0, SLOT_H: bool = False, num_warps: int | None = None,
+                   TMA: bool = False, TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None,
+                   num_warps: int | None = None,
                    num_stages: int | None = None, fused_silu: bool = True) -> Callable[..., torch.Tensor]:
     """The launcher of calls shaped like this one: ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``.
 
@@ -96,9 +101,12 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
     ``SLOT_H``: the intermediate h is stored by slot, so GEMM 2 reads a tile's rows as one block, by TMA
     where the weights are; SiLU-and-mul must be fused.
+    ``BLOCK_N_DOWN``: output columns of a GEMM 2 tile (default BLOCK_N), so GEMM 2 may take a wider tile
+    than GEMM 1, whose BLOCK_N columns each hold a gate and an up column.
     """
     M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, SLOT_H)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, SLOT_H, BLOCK_N_DOWN)
+    bn_down = BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN
     if SLOT_H and not fused_silu:
         raise ValueError("fused_moe: SLOT_H needs SiLU-and-mul fused into GEMM 1 (fused_silu=True)")
     if not _capturing(topk_ids):
@@ -146,10 +154,10 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
              "TAILS": TAILS, "SLOT_H": SLOT_H},
             tile_hints, device)
         down = compiled_launcher(
-            gk._down_kernel, (tiles_m * triton.cdiv(K, BLOCK_N), split),
+            gk._down_kernel, (tiles_m * triton.cdiv(K, bn_down), split),
             (*h_views(tma, h), wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
-            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
-             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma,
+            {"BLOCK_M": BLOCK_M, "BLOCK_N": bn_down, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
+             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % bn_down == 0, "UPCAST": upcast, "TMA": tma,
              "TAILS": TAILS, "SLOT_H": SLOT_H},
             tile_hints, device)
         return gate_up, down
@@ -158,7 +166,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
     launchers = {False: gemms(False, w1, w2)}
     if tma:
-        launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, BLOCK_K))
+        launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K))
     silu_mul = None if fused_silu else compiled_launcher(
         gk._silu_mul_kernel, (P, triton.cdiv(N, REDUCE_BLOCK)), (gu, h, P, N), {"BLOCK": REDUCE_BLOCK}, plain, device)
     reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), (y, ids, out, M, topk, split, E, K),
@@ -172,7 +180,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         route(ids, v)
         wa, wb, on = w1, w2, tma and _tma_aligned(w1, w2)
         if on:
-            wa, wb = _weight_descriptors(w1, w2, BLOCK_N, BLOCK_K)
+            wa, wb = _weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K)
         gate_up, down = launchers[on]
         gate_up(x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
         if silu_mul is not None:

@@ -155,6 +155,23 @@ def test_tail_tiles_of_every_size_match_reference() -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("block_n_down", [16, 64])
+def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int) -> None:
+    # GEMM 2 narrower (16) and wider (64, past K = 40: a masked last column tile) than GEMM 1's 32 columns,
+    # with tails, TMA, h by slot and a split GEMM 2.
+    topk, E, N, K = 2, len(TAIL_COUNTS), 24, 40
+    x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=15)
+    args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=15).to(DEVICE))
+    ref = reference(*args)
+    for tails, split, tma, slot_h in ((0, 1, False, False), (2, 2, True, False), (1, 1, True, True),
+                                      (2, 2, False, True)):
+        knobs = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails,
+                 "BLOCK_N_DOWN": block_n_down}
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=slot_h, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma, slot_h)
+
+
+@needs_triton
 def test_slot_h_tiles_that_reach_past_the_last_slot_match_reference() -> None:
     # Four experts of 33 pairs in 64-row tiles with quarter tails: 192 slots, and the last full-height tile
     # (48 of its 64 slots used) reaches 16 rows past h's end, which TMA zero-fills and the pointers clamp.
@@ -248,6 +265,9 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **TILES[0], SLOT_H="yes")
     with pytest.raises(ValueError, match="SLOT_H needs SiLU-and-mul fused"):
         triton_moe.bind_fused_moe(*args, **TILES[0], SLOT_H=True, fused_silu=False)
+    for bad in (24, 8, True, "64"):
+        with pytest.raises(ValueError, match=f"BLOCK_N_DOWN must be a power of two >= 16, got {bad!r}"):
+            triton_moe.bind_fused_moe(*args, **TILES[0], BLOCK_N_DOWN=bad)
     with pytest.raises(ValueError,
                        match="TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, got TAILS=1 with BLOCK_M=16"):
         triton_moe.bind_fused_moe(*args, **TILES[0], TAILS=1)
@@ -327,8 +347,9 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
                                                  (64, 4, 0, False, True, 2)):
         knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": split, "TAILS": tails,
                  "TMA": tma, "SLOT_H": slot_h}
-        out = triton_moe.fused_moe_triton(*args, **knobs, num_warps=warps, num_stages=3)
-        assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+        for down in (None, 256) if bm == 128 and tails == 2 else (None,):  # GEMM 2 as wide as GEMM 1, and twice
+            out = triton_moe.fused_moe_triton(*args, **knobs, BLOCK_N_DOWN=down, num_warps=warps, num_stages=3)
+            assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, down)
 
 
 @gpu

@@ -108,18 +108,38 @@ def test_tail_tiles_are_offered_where_an_expert_fills_a_tile() -> None:
     assert space.triton_default(spec).kwargs["TAILS"] == 2
 
 
-@pytest.mark.parametrize("M", [1, 16, 64, 256, 512, 1024, 4096, 8192])
+@pytest.mark.parametrize("M", [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
 @pytest.mark.parametrize("shape", ["Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V2-Lite", "gpt-oss-20b"])
-def test_the_default_takes_tma_and_quarter_tails_on_its_large_tile_only(shape: str, M: int) -> None:
+def test_the_default_takes_tma_and_tails_above_16_rows_an_expert(shape: str, M: int) -> None:
     from flyreg_moe.ops import MODEL_SHAPES
 
     E, K, N, topk = MODEL_SHAPES[shape]
     spec = {"E": E, "K": K, "N": N, "topk": topk, "M": M}
+    r = space.rows_per_expert(spec)
     k = space.triton_default(spec).kwargs
-    large = (k["BLOCK_M"], k["BLOCK_N"]) == (128, 128)
-    assert large is (space.rows_per_expert(spec) > 64 and not (space.rows_per_expert(spec) <= 256 and N <= 1024))
-    assert k.get("TMA", False) is large  # every model shape's weight rows are 16-byte strided
-    assert k.get("TAILS", 0) == (2 if large and space.rows_per_expert(spec) >= 128 else 0)
+    tile = {16: 16, 32: 32, 64: 64}.get(max(16, min(128, 1 << (r - 1).bit_length())), 128)
+    assert k["BLOCK_M"] == tile
+    assert k.get("TMA", False) is (r > 16)  # every model shape's weight rows are 16-byte strided
+    # Half tails on the 32-row tile, quarter tails on the larger ones, each once an expert fills its tile.
+    assert k.get("TAILS", 0) == (0 if r < tile or tile == 16 else 1 if tile == 32 else 2)
+    assert k.get("BLOCK_N_DOWN") == (256 if tile == 128 else None)  # every model's K spans a 256-wide tile
+
+
+def test_wide_gemm_2_tiles_are_offered_where_they_fit() -> None:
+    spec = {"E": 32, "K": 2880, "N": 2880, "topk": 4, "M": 4096}
+    configs = space.triton_configs(spec)
+    wide = [c for c in configs if "BLOCK_N_DOWN" in c.kwargs]
+    assert wide and all(c.kwargs["BLOCK_N_DOWN"] == 256 and c.kwargs["BLOCK_N"] == 128 for c in wide)
+    for c in wide:  # GEMM 2's 256-wide accumulator and pipeline fit, and each has its 128-wide twin
+        k, h = c.kwargs, c.hints
+        assert k["BLOCK_M"] * 256 <= space.MAX_ACC_PER_THREAD * 32 * h["num_warps"]
+        assert h["num_stages"] * (k["BLOCK_M"] * k["BLOCK_K"] + k["BLOCK_K"] * 256) * 2 <= space.SMEM_BYTES
+        assert Config({n: v for n, v in k.items() if n != "BLOCK_N_DOWN"}, **h) in configs
+    assert {(c.kwargs["BLOCK_M"], c.hints["num_warps"]) for c in wide} >= {(128, 8), (64, 4)}
+    assert (128, 4) not in {(c.kwargs["BLOCK_M"], c.hints["num_warps"]) for c in wide}  # 256 fp32 a thread
+    narrow = {**spec, "K": 200}  # K narrower than one 256-wide tile: never offered
+    assert all("BLOCK_N_DOWN" not in c.kwargs for c in space.triton_configs(narrow))
+    assert "BLOCK_N_DOWN" not in space.triton_default(narrow).kwargs
 
 
 @settings(max_examples=300, deadline=None)
