@@ -2,8 +2,9 @@
 
 Each distinct GEMM binary (GEMM 1 and GEMM 2) of the shipped Triton artifacts (``--served``) or of one
 spec's pruned space (``--spec E,K,N,topk,M``) is compiled twice for compute capability ``--arch``: with
-the weight tiles by pointer loads, no tail tiles and h by pair, and with ``--variant``'s knobs (``TMA``,
-``TAILS=2``, ``SLOT_H`` or a mix such as ``TMA,TAILS=2,SLOT_H``), as a launch on aligned bf16 tensors binds it;
+the weight tiles by pointer loads, no tail tiles and h by pair (GEMM 2 as wide as the config makes it), and
+with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``SLOT_H``, ``BLOCK_N_DOWN=256`` or a mix such as
+``TMA,TAILS=2,SLOT_H``), as a launch on aligned bf16 tensors binds it;
 the ``ptxas -v`` Triton itself uses then gives the registers and spill bytes (the counts a device reports
 for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
 
@@ -38,9 +39,12 @@ COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma":
 
 
 def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: int, tma: bool = False,
-                 tails: int = 0, slot_h: bool = False) -> Any:
-    """GEMM 1 (``gate_up``, SiLU fused) or GEMM 2 (``down``) for this tile, shape and knobs, compiled for ``arch``."""
+                 tails: int = 0, slot_h: bool = False, bn_down: int | None = None) -> Any:
+    """GEMM 1 (``gate_up``, SiLU fused) or GEMM 2 (``down``, ``bn_down`` columns wide where given) for this tile,
+    shape and knobs, compiled for ``arch``."""
     bm, bn, bk, warps, stages = tile
+    if which == "down" and bn_down:
+        bn = bn_down
     w = f"tensordesc<bf16[{bn},{bk}]>" if tma else "*bf16"
     # GEMM 2's h for a full, half and quarter tile: descriptors where h is stored by slot and read by TMA.
     hs = ([f"tensordesc<bf16[{bm >> min(t, tails)},{bk}]>" for t in range(3)] if tma and slot_h else ["*bf16"] * 3)
@@ -66,7 +70,8 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
 
 
 def variant(text: str) -> dict[str, Any]:
-    """``TMA``, ``TAILS=2``, ``SLOT_H`` or a comma-separated mix: the knobs of the compared binaries."""
+    """``TMA``, ``TAILS=2``, ``SLOT_H``, ``BLOCK_N_DOWN=256`` or a comma-separated mix: the knobs of the compared
+    binaries."""
     out: dict[str, Any] = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
@@ -76,8 +81,11 @@ def variant(text: str) -> dict[str, Any]:
             out["slot_h"] = True
         elif name == "TAILS" and value in ("1", "2"):
             out["tails"] = int(value)
+        elif name == "BLOCK_N_DOWN" and value.isdigit() and int(value) >= 16 and not int(value) & (int(value) - 1):
+            out["bn_down"] = int(value)
         else:
-            raise argparse.ArgumentTypeError(f"--variant takes TMA, TAILS=1 or 2 and SLOT_H, comma-separated; got {part!r}")
+            raise argparse.ArgumentTypeError("--variant takes TMA, TAILS=1 or 2, SLOT_H and BLOCK_N_DOWN=<a power of "
+                                             f"two >= 16>, comma-separated; got {part!r}")
     return out
 
 
@@ -124,22 +132,24 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
     return rows
 
 
-def served_binaries() -> Iterable[tuple[Tile, int, int, bool]]:
-    """(tile, K, N, split) of each distinct binary the shipped Triton artifacts compile."""
+def served_binaries() -> Iterable[tuple[Tile, int, int, bool, int | None]]:
+    """(tile, K, N, split, GEMM 2's width if not BLOCK_N) of each distinct binary the shipped Triton artifacts
+    compile."""
     seen = set()
     for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
         a = json.loads(path.read_text(encoding="utf-8"))
         spec, kw, hints = a["spec"], a["config"]["kwargs"], a["config"]["hints"]
         if spec["backend"] == "triton":
             tile = (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], hints.get("num_warps", 4), hints.get("num_stages", 3))
-            seen.add((tile, spec["K"], spec["N"], kw["SPLIT_K"] > 1))
-    return sorted(seen)
+            seen.add((tile, spec["K"], spec["N"], kw["SPLIT_K"] > 1, kw.get("BLOCK_N_DOWN")))
+    return sorted(seen, key=repr)
 
 
-def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[tuple[Tile, int, int, bool]]:
+def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[tuple[Tile, int, int, bool, int | None]]:
     configs = space.triton_configs({"E": E, "K": K, "N": N, "topk": topk, "M": M})
     return sorted({((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.hints["num_warps"],
-                     c.hints["num_stages"]), K, N, c.kwargs["SPLIT_K"] > 1) for c in configs})
+                     c.hints["num_stages"]), K, N, c.kwargs["SPLIT_K"] > 1, c.kwargs.get("BLOCK_N_DOWN"))
+                   for c in configs}, key=repr)
 
 
 def main() -> None:
@@ -151,8 +161,8 @@ def main() -> None:
     what.add_argument("--routing", action="store_true",
                       help="the routing's offsets kernel, with the tile table as variant")
     p.add_argument("--variant", type=variant, default={"tma": True},
-                   help="knobs compared with pointer loads, no tails and h by pair: TMA (the default), TAILS=1 "
-                        "or 2, SLOT_H, or a mix")
+                   help="knobs compared with pointer loads, no tails, h by pair and GEMM 2 as wide as GEMM 1: TMA "
+                        "(the default), TAILS=1 or 2, SLOT_H, BLOCK_N_DOWN=256, or a mix")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)
     a = p.parse_args()
@@ -163,16 +173,16 @@ def main() -> None:
         return
     if a.tile:
         *tile, K, N = map(int, a.tile.split(","))
-        binaries: Iterable[tuple[Tile, int, int, bool]] = [(tuple(tile), K, N, False)]  # type: ignore[list-item]
+        binaries: Iterable[tuple[Tile, int, int, bool, int | None]] = [(tuple(tile), K, N, False, None)]  # type: ignore[list-item]
     else:
         binaries = served_binaries() if a.served else space_binaries(*map(int, a.spec.split(",")))
     rows = []
-    for tile, K, N, split in binaries:
+    for tile, K, N, split, bn_down in binaries:
         if tile[0] >> a.variant.get("tails", 0) < space.BLOCK_MS[0]:
             continue  # no tail tile fits a BLOCK_M this small
         for which in ("gate_up", "down"):
-            row: dict[str, Any] = {"kernel": which, "tile": tile, "K": K, "N": N, "split": split}
-            for name, knobs in (("base", {}), ("variant", a.variant)):
+            row: dict[str, Any] = {"kernel": which, "tile": tile, "K": K, "N": N, "split": split, "bn_down": bn_down}
+            for name, knobs in (("base", {"bn_down": bn_down}), ("variant", {"bn_down": bn_down, **a.variant})):
                 try:
                     row[name] = describe(compile_gemm(which, tile, K, N, split and which == "down", a.arch, **knobs),
                                          a.arch)
@@ -180,7 +190,7 @@ def main() -> None:
                     row[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
             rows.append(row)
             base, var = row["base"], row["variant"]
-            print(f"{which} {tile} K={K} N={N} split={split}: base {base.get('regs')} regs {base.get('spill_bytes')} B "
+            print(f"{which} {tile} K={K} N={N} split={split} down={bn_down or tile[1]}: base {base.get('regs')} regs {base.get('spill_bytes')} B "
                   f"spilled, variant {var.get('regs')} regs {var.get('spill_bytes')} B spilled, smem "
                   f"{base.get('smem')} -> {var.get('smem')}" + (f" ({var['error']})" if "error" in var else ""),
                   flush=True)

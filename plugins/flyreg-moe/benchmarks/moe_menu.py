@@ -54,8 +54,8 @@ def menu_configs(spec: dict[str, Any], knob_sets: Sequence[Mapping[str, Any]] = 
     offered = set(space.triton_configs(spec))
     out: list[Config] = []
     for bm, bn, bk, warps, stages, group in MENU:
-        for split in sorted({1, space.default_split(spec, bm, bn, bk)}):
-            for extra in ({}, *knob_sets):
+        for extra in ({}, *knob_sets):
+            for split in sorted({1, space.default_split(spec, bm, bn, bk, extra.get("BLOCK_N_DOWN"))}):
                 c = Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
                             **extra}, num_warps=warps, num_stages=stages)
                 if c in offered and c not in out:

@@ -2,7 +2,8 @@
 
 A spec is ``{"E", "N", "K", "topk", "M": m_bucket(rows), "dtype", "backend"}``. Triton knobs:
 ``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output columns of a tile in
-both GEMMs; GEMM 1 computes that many gate and as many up columns), ``BLOCK_K`` (reduction depth a
+both GEMMs, GEMM 2's unless ``BLOCK_N_DOWN`` is set; GEMM 1 computes that many gate and as many up
+columns), ``BLOCK_K`` (reduction depth a
 step), ``GROUP_M`` (row tiles a group of programs walks per column tile) and ``SPLIT_K`` (ways
 GEMM 2's reduction over N is split, float32 partials summed by the top-k reduction), with the hints
 ``num_warps`` and ``num_stages``. ``TMA=True`` has both GEMMs read their weight tiles through tensor
@@ -146,7 +147,7 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets (r) and N.
+    """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets (r) and K.
 
     Chosen from a fixed menu of tiles timed on every shipped workload on the H200
     (``benchmarks/moe_menu.py``, with ``--knobs`` for TMA and tails since session 14):
@@ -182,22 +183,24 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     group = max(g for g in _groups(spec) if g <= group)
     tma = r > 16 and tma_fits(E, N, K)
     tails = max(t for t in TAILS if t <= tails and tails_fit(r, bm, t))
-    wide = bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K)
-    knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": default_split(spec, bm, bn, bk),
+    down = WIDE_DOWN if bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K) else None
+    split = default_split(spec, bm, bn, bk, down)
+    knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
              **({"TMA": True} if tma else {}), **({"TAILS": tails} if tails else {}),
-             **({"BLOCK_N_DOWN": WIDE_DOWN} if wide else {})}
+             **({"BLOCK_N_DOWN": down} if down else {})}
     return Config(knobs, num_warps=warps, num_stages=stages)
 
 
-def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int) -> int:
-    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` x ``bk`` tile: while an expert gets
+def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int, bn_down: int | None = None) -> int:
+    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` x ``bk`` tile (GEMM 2 ``bn_down`` wide
+    where given): while an expert gets
     at most :data:`SPLIT_ROWS` rows, doubled until GEMM 2's programs fill the SMs once (each way keeping
     at least 4 reduction steps); else 1."""
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     split = 1
     if r <= SPLIT_ROWS:
-        programs = min(E, M * topk) * -(-r // bm) * -(-K // bn)  # GEMM 2's row tiles times column tiles of K
+        programs = min(E, M * topk) * -(-r // bm) * -(-K // (bn_down or bn))  # GEMM 2's row tiles x column tiles
         k_tiles = -(-N // bk)
         while split < SPLIT_KS[-1] and programs * split < SMS and k_tiles >= 4 * 2 * split:
             split *= 2

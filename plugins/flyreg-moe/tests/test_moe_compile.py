@@ -27,6 +27,7 @@ CASES = [
     ("16,128,128,4,3,2048,768", "TMA"),           # a decode tile
     ("128,128,64,8,4,2880,2880", "TMA,TAILS=2,SLOT_H"),  # h by slot, read by TMA in all three tile heights
     ("64,128,64,4,4,2880,2880", "SLOT_H"),
+    ("128,128,64,8,4,2880,2880", "TMA,TAILS=2,BLOCK_N_DOWN=256"),  # the default's 128-row tile, GEMM 2 256 wide
 ]
 
 

@@ -156,10 +156,18 @@ def test_tail_tiles_of_every_size_match_reference() -> None:
 
 @needs_triton
 @pytest.mark.parametrize("block_n_down", [16, 64])
-def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int) -> None:
-    # GEMM 2 narrower (16) and wider (64, past K = 40: a masked last column tile) than GEMM 1's 32 columns,
-    # with tails, TMA, h by slot and a split GEMM 2.
-    topk, E, N, K = 2, len(TAIL_COUNTS), 24, 40
+def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int, monkeypatch) -> None:
+    # GEMM 2 narrower (16) and wider (64: K = 96 fills 32-wide tiles but not 64-wide ones, so its last column
+    # tile is masked) than GEMM 1's 32 columns, with tails, TMA, h by slot and a split GEMM 2.
+    import triton
+
+    from flyreg_moe import gemm_kernels
+
+    launches = []
+    real = triton_moe.compiled_launcher
+    monkeypatch.setattr(triton_moe, "compiled_launcher",
+                        lambda kernel, grid, *a: launches.append((kernel, grid, a[1])) or real(kernel, grid, *a))
+    topk, E, N, K = 2, len(TAIL_COUNTS), 24, 96
     x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=15)
     args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=15).to(DEVICE))
     ref = reference(*args)
@@ -167,8 +175,16 @@ def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int) -> N
                                       (2, 2, False, True)):
         knobs = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails,
                  "BLOCK_N_DOWN": block_n_down}
+        launches.clear()
         out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=slot_h, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma, slot_h)
+        ups = [(grid, consts) for kernel, grid, consts in launches if kernel is gemm_kernels._gate_up_kernel]
+        downs = [(grid, consts) for kernel, grid, consts in launches if kernel is gemm_kernels._down_kernel]
+        assert ups and downs and all(c["BLOCK_N"] == 32 for _, c in ups)
+        tiles_m = ups[0][0][0] // triton.cdiv(N, 32)  # GEMM 1's grid: row tiles x column tiles of N
+        for grid, consts in downs:  # GEMM 2 tiled by its own width
+            assert consts["BLOCK_N"] == block_n_down and consts["EVEN_N"] is (K % block_n_down == 0)
+            assert grid[0] == tiles_m * triton.cdiv(K, block_n_down)
 
 
 @needs_triton
@@ -215,7 +231,8 @@ def test_tma_launcher_serves_weights_that_tma_cannot_read(monkeypatch) -> None:
 
 @needs_triton
 def test_tma_configs_take_pointer_loads_where_the_device_has_no_tma(monkeypatch) -> None:
-    # As on a GPU before Hopper: a TMA config (the default's large tile) binds, makes no descriptor and is right.
+    # As on a GPU before Hopper: a TMA config (as the default takes above 16 rows an expert) binds, makes no
+    # descriptor and is right.
     made = []
     monkeypatch.setattr(triton_moe, "tma_hardware", lambda device: False)
     monkeypatch.setattr(triton_moe, "_weight_descriptors", lambda *a: made.append(a) or pytest.fail("descriptor"))
