@@ -201,3 +201,20 @@ def test_declared_flops_equal_the_matmul_flops_of_the_reference() -> None:
         fused_moe_reference(*args)
     spec = {"E": E, "K": K, "N": N, "topk": topk, "dtype": "bfloat16", "M": M}
     assert ops.work(spec).flops == counter.get_total_flops()
+
+
+def test_every_shipped_artifact_is_a_config_of_its_spec_space_and_a_declared_workload() -> None:
+    import json
+    from pathlib import Path
+
+    import flyreg_moe
+    from flyreg_moe import ops
+
+    paths = sorted((Path(flyreg_moe.__file__).parent / "configs").glob("fused_moe,*.json"))
+    workloads = [{k: v for k, v in w.items() if k != "backend"} for w in ops.workloads("cuda")]
+    assert len(paths) == len(workloads) == 56
+    for path in paths:
+        artifact = json.loads(path.read_text(encoding="utf-8"))
+        spec = artifact["spec"]
+        assert {k: v for k, v in spec.items() if k != "backend"} in workloads, path.name
+        assert Config.from_json(artifact["config"]) in space.triton_configs(spec), path.name
