@@ -1,0 +1,101 @@
+"""Off-device screen of an overflow rescue: registers, spill bytes and SASS instructions of every served
+RMSNorm kernel (sm_90a, the ptxas of the installed Triton), for the kernels before the rescue, with it, and
+with it under ``maxnreg`` pinned to the rescue-free kernel's registers (ptxas's floor of 24 aside).
+
+Run from ``plugins/flyreg-rmsnorm/benchmarks`` without TRITON_INTERPRET, with Triton 3.6 importable:
+
+    git show HEAD:plugins/flyreg-rmsnorm/flyreg_rmsnorm/triton_kernels.py > before.py && cp before.py after.py
+    sed 's#plugins/flyreg-rmsnorm/flyreg_rmsnorm/triton_kernels.py#after.py#g' results/session11/rescue_trial.patch \
+        | patch -p1 after.py
+    python results/session14/screen_maxnreg.py before.py after.py bfloat16 float32 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the benchmarks folder
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+
+from kernel_ab import load_kernels  # noqa: E402
+from kernel_ptx import TYPES  # noqa: E402
+from kernel_registers import served_configs  # noqa: E402
+
+#: ptxas allocates at least this many registers a thread whatever maxnreg asks.
+PTXAS_FLOOR = 24
+
+
+def ptx_of(module: Any, cfg: tuple[Any, ...], maxnreg: int | None = None) -> str:
+    op, dtype, M, N, bn, rows, warps, stages = cfg
+    ptr = TYPES[dtype]
+    if op == "fused_add_rmsnorm":
+        kernel = module._fused_add_rmsnorm_kernel
+        sig = {"X": ptr, "R": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"}
+        consts = module._constexprs(M, N, bn, rows, True, N, N)
+    else:
+        kernel = module._rmsnorm_kernel
+        sig = {"X": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "eps": "fp32"}
+        consts = module._constexprs(M, N, bn, rows, True, N)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+    src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{c: "constexpr" for c in consts}},
+                                    constexprs=consts, attrs=attrs)
+    options = {"num_warps": warps, **({"num_stages": stages} if stages else {}), "launch_pdl": True,
+               **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def counts(ptx: str) -> tuple[int, int, int]:
+    """(registers, spill-store bytes, SASS instructions) of ``ptx`` for sm_90a."""
+    ptxas = get_ptxas(90).path
+    cuobjdump = str(Path(ptxas).with_name("cuobjdump"))
+    with tempfile.TemporaryDirectory() as tmp:
+        src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.o")
+        Path(src).write_text(ptx, encoding="utf-8")
+        err = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", obj], capture_output=True, text=True,
+                             check=True).stderr
+        sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"Used (\d+) registers", err)
+    spill = re.search(r"(\d+) bytes spill stores", err)
+    return (int(regs.group(1)) if regs else 0, int(spill.group(1)) if spill else 0,
+            len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, re.M)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("dtypes", nargs="+", choices=sorted(TYPES))
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    before, after = load_kernels(a.before, "before"), load_kernels(a.after, "after")
+
+    def one(cfg: tuple[Any, ...]) -> dict[str, Any]:
+        base = counts(ptx_of(before, cfg))
+        return {"config": list(cfg), "before": base, "rescue": counts(ptx_of(after, cfg)),
+                "pinned": counts(ptx_of(after, cfg, maxnreg=max(base[0], PTXAS_FLOOR)))}
+
+    with ThreadPoolExecutor(2) as pool:
+        rows = list(pool.map(one, served_configs(a.dtypes)))
+    with open(a.json, "w", encoding="utf-8") as f:
+        json.dump({"triton": triton.__version__, "rows": rows}, f, indent=1)
+    for key in ("rescue", "pinned"):
+        more = sum(r[key][0] > max(r["before"][0], PTXAS_FLOOR) for r in rows)
+        fewer = sum(r[key][0] < r["before"][0] for r in rows)
+        print(f"{key}: {len(rows)} kernels, {more} with more registers, {fewer} with fewer, "
+              f"{sum(r[key][1] > 0 for r in rows)} spilling")
+
+
+if __name__ == "__main__":
+    main()
