@@ -35,6 +35,8 @@ from flyreg_moe import space
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): what makes a GEMM binary (GROUP_M, SPLIT_K are runtime).
 Tile = tuple[int, int, int, int, int]
+#: (tile, K, N, whether GEMM 2 is split, GEMM 2's width where it is not BLOCK_N): one GEMM binary of each kind.
+Binary = tuple[Tile, int, int, bool, "int | None"]
 COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma": r"cp\.async\.bulk\.tensor"}
 
 
@@ -132,9 +134,8 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
     return rows
 
 
-def served_binaries() -> Iterable[tuple[Tile, int, int, bool, int | None]]:
-    """(tile, K, N, split, GEMM 2's width if not BLOCK_N) of each distinct binary the shipped Triton artifacts
-    compile."""
+def served_binaries() -> Iterable[Binary]:
+    """Each distinct :data:`Binary` the shipped Triton artifacts compile."""
     seen = set()
     for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
         a = json.loads(path.read_text(encoding="utf-8"))
@@ -145,7 +146,7 @@ def served_binaries() -> Iterable[tuple[Tile, int, int, bool, int | None]]:
     return sorted(seen, key=repr)
 
 
-def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[tuple[Tile, int, int, bool, int | None]]:
+def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[Binary]:
     configs = space.triton_configs({"E": E, "K": K, "N": N, "topk": topk, "M": M})
     return sorted({((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.hints["num_warps"],
                      c.hints["num_stages"]), K, N, c.kwargs["SPLIT_K"] > 1, c.kwargs.get("BLOCK_N_DOWN"))
@@ -173,7 +174,7 @@ def main() -> None:
         return
     if a.tile:
         *tile, K, N = map(int, a.tile.split(","))
-        binaries: Iterable[tuple[Tile, int, int, bool, int | None]] = [(tuple(tile), K, N, False, None)]  # type: ignore[list-item]
+        binaries: Iterable[Binary] = [(tuple(tile), K, N, False, None)]  # type: ignore[list-item]
     else:
         binaries = served_binaries() if a.served else space_binaries(*map(int, a.spec.split(",")))
     rows = []
@@ -190,8 +191,8 @@ def main() -> None:
                     row[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
             rows.append(row)
             base, var = row["base"], row["variant"]
-            print(f"{which} {tile} K={K} N={N} split={split} down={bn_down or tile[1]}: base {base.get('regs')} regs {base.get('spill_bytes')} B "
-                  f"spilled, variant {var.get('regs')} regs {var.get('spill_bytes')} B spilled, smem "
+            print(f"{which} {tile} K={K} N={N} split={split} down={bn_down or tile[1]}: base {base.get('regs')} regs "
+                  f"{base.get('spill_bytes')} B spilled, variant {var.get('regs')} regs {var.get('spill_bytes')} B spilled, smem "
                   f"{base.get('smem')} -> {var.get('smem')}" + (f" ({var['error']})" if "error" in var else ""),
                   flush=True)
     ok = [r for r in rows if "error" not in r["base"] and "error" not in r["variant"]]

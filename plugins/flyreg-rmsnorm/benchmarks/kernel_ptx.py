@@ -25,7 +25,8 @@ SHOWN = re.compile(r"\b(ld\.global|st\.global|griddepcontrol|bar\.sync|shfl\.syn
 
 
 def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: int, rows: int, warps: int,
-                   stages: int | None, arch: int, pdl: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+                   stages: int | None, arch: int, pdl: bool = True,
+                   maxnreg: int | None = None) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """``module``'s kernel of ``op`` (a ``flyreg_rmsnorm.triton_kernels``) compiled for compute capability
     ``arch`` the way a launch on dense M x N rows of ``dtype`` binds it (the launch's constexprs, 16-byte
     aligned pointers as the JIT specializes them): the compiled kernel, its constexprs and its options."""
@@ -41,7 +42,8 @@ def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: in
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
     src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}},
                                     constexprs=consts, attrs=attrs)
-    options = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {})}
+    options = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {}),
+               **({"maxnreg": maxnreg} if maxnreg else {})}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), consts, options
 
 

@@ -26,11 +26,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the benchmarks folder
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
 from kernel_ab import load_kernels  # noqa: E402
-from kernel_ptx import TYPES  # noqa: E402
+from kernel_ptx import TYPES, compile_config  # noqa: E402
 from kernel_registers import served_configs  # noqa: E402
 
 #: ptxas allocates at least this many registers a thread whatever maxnreg asks.
@@ -38,22 +37,8 @@ PTXAS_FLOOR = 24
 
 
 def ptx_of(module: Any, cfg: tuple[Any, ...], maxnreg: int | None = None) -> str:
-    op, dtype, M, N, bn, rows, warps, stages = cfg
-    ptr = TYPES[dtype]
-    if op == "fused_add_rmsnorm":
-        kernel = module._fused_add_rmsnorm_kernel
-        sig = {"X": ptr, "R": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"}
-        consts = module._constexprs(M, N, bn, rows, True, N, N)
-    else:
-        kernel = module._rmsnorm_kernel
-        sig = {"X": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "eps": "fp32"}
-        consts = module._constexprs(M, N, bn, rows, True, N)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
-    src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{c: "constexpr" for c in consts}},
-                                    constexprs=consts, attrs=attrs)
-    options = {"num_warps": warps, **({"num_stages": stages} if stages else {}), "launch_pdl": True,
-               **({"maxnreg": maxnreg} if maxnreg else {})}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    """PTX of ``module``'s kernel for a served config ``(op, dtype, M, N, BLOCK_N, ROWS, warps, stages)``."""
+    return compile_config(module, *cfg, arch=90, maxnreg=maxnreg)[0].asm["ptx"]
 
 
 def counts(ptx: str) -> tuple[int, int, int]:
