@@ -39,8 +39,8 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 F32_MAX = torch.finfo(torch.float32).max
 #: Why the Triton kernels fail the overflowing rows (the strict xfails below).
 TRITON_OVERFLOW_GAP = ("the Triton kernels return zeros for rows whose float32 sum of squares overflows: every rescue "
-                       "tried cost the common path on the H200 (the last, a rolled loop after the stores, made 21 of "
-                       "142 bf16 cells 3-15 % slower; performance.md)")
+                       "tried cost the common path on the H200 (the best so far, a rolled loop after the stores under "
+                       "a register cap, made tiles whose rows span warps 8-13 % slower; performance.md)")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,8 @@ def ptx_of(module: Any, cfg: tuple[Any, ...], maxnreg: int | None = None) -> str
     return compile_config(module, *cfg, arch=90, maxnreg=maxnreg)[0].asm["ptx"]
 
 
-def counts(ptx: str) -> tuple[int, int, int]:
-    """(registers, spill-store bytes, SASS instructions) of ``ptx`` for sm_90a."""
+def assemble(ptx: str) -> tuple[str, str]:
+    """(ptxas -v's report, cuobjdump's SASS) of ``ptx`` assembled for sm_90a by the installed Triton's ptxas."""
     ptxas = get_ptxas(90).path
     cuobjdump = str(Path(ptxas).with_name("cuobjdump"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,30 +52,43 @@ def counts(ptx: str) -> tuple[int, int, int]:
         err = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", obj], capture_output=True, text=True,
                              check=True).stderr
         sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
+    return err, sass
+
+
+def counts(ptx: str) -> tuple[int, int, int]:
+    """(registers, spill-store bytes, SASS instructions) of ``ptx`` for sm_90a."""
+    err, sass = assemble(ptx)
     regs = re.search(r"Used (\d+) registers", err)
     spill = re.search(r"(\d+) bytes spill stores", err)
     return (int(regs.group(1)) if regs else 0, int(spill.group(1)) if spill else 0,
             len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/", sass, re.M)))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def screen_served(description: str, one: Callable[[Any, Any, tuple[Any, ...]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The command line both screens share (``before after dtypes... --json FILE``): ``one(before, after, cfg)``
+    for every served kernel of those dtypes, the rows written to ``--json`` with the Triton version."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("dtypes", nargs="+", choices=sorted(TYPES))
     p.add_argument("--json", required=True)
     a = p.parse_args()
     before, after = load_kernels(a.before, "before"), load_kernels(a.after, "after")
-
-    def one(cfg: tuple[Any, ...]) -> dict[str, Any]:
-        base = counts(ptx_of(before, cfg))
-        return {"config": list(cfg), "before": base, "rescue": counts(ptx_of(after, cfg)),
-                "pinned": counts(ptx_of(after, cfg, maxnreg=max(base[0], PTXAS_FLOOR)))}
-
     with ThreadPoolExecutor(2) as pool:
-        rows = list(pool.map(one, served_configs(a.dtypes)))
+        rows = list(pool.map(lambda cfg: one(before, after, cfg), served_configs(a.dtypes)))
     with open(a.json, "w", encoding="utf-8") as f:
         json.dump({"triton": triton.__version__, "rows": rows}, f, indent=1)
+    return rows
+
+
+def one_kernel(before: Any, after: Any, cfg: tuple[Any, ...]) -> dict[str, Any]:
+    base = counts(ptx_of(before, cfg))
+    return {"config": list(cfg), "before": base, "rescue": counts(ptx_of(after, cfg)),
+            "pinned": counts(ptx_of(after, cfg, maxnreg=max(base[0], PTXAS_FLOOR)))}
+
+
+def main() -> None:
+    rows = screen_served(__doc__.splitlines()[0], one_kernel)
     for key in ("rescue", "pinned"):
         more = sum(r[key][0] > max(r["before"][0], PTXAS_FLOOR) for r in rows)
         fewer = sum(r[key][0] < r["before"][0] for r in rows)
