@@ -5,8 +5,9 @@ or 32 as session 15 timed it, and the most registers that keep the rescue-free k
 
 The common path is the SASS up to the first ``EXIT`` after a store. Two of its features are leads, not a verdict
 (they mark 7 of session 15's 15 slow cells, and 25 cells within 3 %): ``early`` (global loads issued before the
-reduction's first shuffle: fewer than before means a load waits for the sum), and ``sync`` (barriers and shuffles between the last store and that exit: the tile-wide test of
-whether any row overflowed, which every warp then waits for).
+reduction's first shuffle: fewer than before means a load waits for the sum), and ``sync`` (barriers and shuffles
+between the last store and that exit: the tile-wide test of whether any row overflowed, which every warp then
+waits for).
 
 Run from ``plugins/flyreg-rmsnorm/benchmarks`` without TRITON_INTERPRET, with Triton 3.6 importable:
 
