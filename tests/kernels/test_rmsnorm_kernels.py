@@ -37,10 +37,6 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 F32_MAX = torch.finfo(torch.float32).max
-#: Why the Triton kernels fail the overflowing rows (the strict xfails below).
-TRITON_OVERFLOW_GAP = ("the Triton kernels return zeros for rows whose float32 sum of squares overflows: every rescue "
-                       "tried cost the common path on the H200 (the best so far, a rolled loop after the stores under "
-                       "a register cap, made tiles whose rows span warps 8-13 % slower; performance.md)")
 
 
 @dataclass(frozen=True)
@@ -490,14 +486,12 @@ def test_gpu_wide_rows_default(N: int, dtype: torch.dtype, poison: None) -> None
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
 @pytest.mark.parametrize("N", [1024, 5120, 16384])
-@pytest.mark.parametrize("part", ["beside", pytest.param("overflowing", marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason=TRITON_OVERFLOW_GAP))])
-def test_gpu_overflowing_rows_every_config(N: int, dtype: torch.dtype, part: str, poison: None) -> None:
+def test_gpu_overflowing_rows_every_config(N: int, dtype: torch.dtype, poison: None) -> None:
     """Every config of the space, whole rows and chunks, on rows that overflow float32 among rows that do not."""
     M, huge = 37, [0, 5, 6, 20, 33, 35]
     x = overflowing_rows(M, N, huge, dtype, seed=N).to("cuda")
     configs = space.triton_configs({"N": N, "dtype": str(dtype).removeprefix("torch."), "M": space.row_bucket(M)})
-    check_overflowing_rows(_triton_backend(), configs, x, dtype, huge, part)
+    check_overflowing_rows(_triton_backend(), configs, x, dtype, huge)
 
 
 @gpu
@@ -533,16 +527,33 @@ def test_int64_indexing_exactly_where_an_offset_passes_int32(M: int, N: int, BLO
                                                                strides: tuple[int, ...], last: int) -> None:
     assert triton_kernels is not None
     assert triton_kernels.needs_int64(M, N, BLOCK_N, ROWS, *strides) is (last > 2**31 - 1)
-    assert triton_kernels._constexprs(M, N, BLOCK_N, ROWS, False, *strides)["OFF64"] is (last > 2**31 - 1)
+    assert triton_kernels._constexprs(M, N, BLOCK_N, ROWS, False, *strides, rescue=0)["OFF64"] is (last > 2**31 - 1)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,block_n,rows,warps,mode", [
+    (torch.float16, 128, 16, 8, "NO_RESCUE"),  # a float16 sum of squares cannot overflow
+    (torch.bfloat16, 128, 1, 8, "RESCUE_AFTER"),  # one row: the tile-wide test is the row's own
+    (torch.float32, 128, 4, 1, "RESCUE_AFTER"),  # one warp: the test stays inside it
+    (torch.bfloat16, 128, 2, 2, "RESCUE_IN_SUM"),  # a warp spans 256 bf16 columns: the rows spread over warps
+    (torch.bfloat16, 1024, 2, 4, "RESCUE_AFTER"),  # 4 warps of 256 columns each along a row
+    (torch.float32, 512, 2, 4, "RESCUE_AFTER"),
+    (torch.float32, 512, 2, 8, "RESCUE_IN_SUM"),
+    (torch.float32, 4096, 2, None, "RESCUE_AFTER"),  # Triton's default of 4 warps
+])
+def test_rescue_mode_sums_scaled_squares_only_where_rows_spread_over_warps(dtype: torch.dtype, block_n: int, rows: int,
+                                                                          warps: int | None, mode: str) -> None:
+    assert triton_kernels is not None
+    assert triton_kernels.rescue_mode(dtype, block_n, rows, warps) == getattr(triton_kernels, mode).value
 
 
 @needs_triton
 def test_dense_rows_index_by_the_constexpr_width() -> None:
     assert triton_kernels is not None
-    assert triton_kernels._constexprs(8, 64, 64, 1, False, 64)["X_DENSE"] is True
-    consts = triton_kernels._constexprs(8, 64, 64, 1, False, 64, 96)
+    assert triton_kernels._constexprs(8, 64, 64, 1, False, 64, rescue=0)["X_DENSE"] is True
+    consts = triton_kernels._constexprs(8, 64, 64, 1, False, 64, 96, rescue=0)
     assert (consts["X_DENSE"], consts["R_DENSE"]) == (True, False)
-    assert triton_kernels._constexprs(8, 64, 64, 1, False, 96)["X_DENSE"] is False
+    assert triton_kernels._constexprs(8, 64, 64, 1, False, 96, rescue=0)["X_DENSE"] is False
 
 
 @needs_triton
@@ -670,9 +681,9 @@ def assert_rows_match(out: torch.Tensor, ref: torch.Tensor, rows: list[int], tol
 
 
 def check_overflowing_rows(backend: Backend, configs: list[Config], x: torch.Tensor, dtype: torch.dtype,
-                           huge: list[int], part: str) -> None:
-    """Both ops under every config on ``x`` (from :func:`overflowing_rows`): ``part="beside"`` checks the
-    other rows (tiny, plain and NaN) and the residual update, ``part="overflowing"`` the ``huge`` rows."""
+                           huge: list[int]) -> None:
+    """Both ops under every config on ``x`` (from :func:`overflowing_rows`): the ``huge`` rows, the other rows
+    (tiny, plain and NaN) each on its own, and the residual update."""
     M, N = x.shape
     w = randn((N,), torch.float32, seed=N).to(dtype).to(x.device)
     residual = randn(tuple(x.shape), torch.float32, seed=N + 1).to(dtype).to(x.device)
@@ -680,30 +691,27 @@ def check_overflowing_rows(backend: Backend, configs: list[Config], x: torch.Ten
     want_r = expected_residual(x, residual, backend)
     fused_ref = ref_rmsnorm(want_r, w, 1e-6)
     assert ref[:-1].abs().amax(-1).min() > 0 and torch.isfinite(ref[:-1]).all()
-    rows = huge if part == "overflowing" else [i for i in range(M) if i not in huge]
+    rows = huge + [i for i in range(M) if i not in huge]
+    ok = ~torch.isnan(want_r.cpu().double())
     for config in configs:
         assert_rows_match(backend.call(backend.rmsnorm, config, x, w, 1e-6), ref, rows, TOL[dtype], config)
         r = residual.clone()
         fused = backend.call(backend.fused, config, x, r, w, 1e-6)
-        if part == "beside":
-            ok = ~torch.isnan(want_r.cpu().double())
-            assert torch.equal(r.cpu()[ok], want_r.cpu()[ok]), config  # the residual added once, not again
+        assert torch.equal(r.cpu()[ok], want_r.cpu()[ok]), config  # the residual added once, not again
         assert_rows_match(fused, fused_ref, rows, TOL[dtype], config)
 
 
-@pytest.mark.parametrize("part", ["beside", "overflowing"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_n", [64, 16])  # one pass over the row, and chunks
-def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype, block_n: int,
-                                                                  part: str, request: pytest.FixtureRequest) -> None:
+def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype,
+                                                                  block_n: int) -> None:
     if backend.name == "cpu" and block_n != 64:
         pytest.skip("the CPU path has no BLOCK_N")
-    if backend.name == "triton" and part == "overflowing":  # a known gap, asserted so that a fix is noticed
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=TRITON_OVERFLOW_GAP))
     M, N, huge = 8, 48, [0, 2, 4]
     x = overflowing_rows(M, N, huge, dtype, seed=11).to(backend.device)
-    if backend.name == "triton":  # one-row and several-row tiles, a tile with no overflowing row among them
+    if backend.name == "triton":  # one-row and several-row tiles, a tile with no overflowing row among them;
+        # (2, 2) spreads its rows over warps (RESCUE_IN_SUM), the others test after the stores (RESCUE_AFTER)
         configs = [Config({"BLOCK_N": block_n, "ROWS": rows}, num_warps=w) for rows, w in ((1, 1), (2, 2), (4, 1))]
     else:
         configs = backend.configs(spec_of(x))[:3] or [backend.default(spec_of(x))]
-    check_overflowing_rows(backend, configs, x, dtype, huge, part)
+    check_overflowing_rows(backend, configs, x, dtype, huge)

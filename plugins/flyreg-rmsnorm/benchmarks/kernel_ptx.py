@@ -16,6 +16,7 @@ import argparse
 import re
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
@@ -31,14 +32,17 @@ def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: in
     ``arch`` the way a launch on dense M x N rows of ``dtype`` binds it (the launch's constexprs, 16-byte
     aligned pointers as the JIT specializes them): the compiled kernel, its constexprs and its options."""
     ptr = TYPES[dtype]
+    # Kernels since session 17 take the launch's RESCUE mode; older ones (a --before file) have none.
+    rescue = ({"rescue": module.rescue_mode(getattr(torch, dtype), block_n, rows, warps)}
+              if hasattr(module, "rescue_mode") else {})
     if op == "fused_add_rmsnorm":
         kernel = module._fused_add_rmsnorm_kernel
         sig = {"X": ptr, "R": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"}
-        consts = module._constexprs(M, N, block_n, rows, pdl, N, N)
+        consts = module._constexprs(M, N, block_n, rows, pdl, N, N, **rescue)
     else:
         kernel = module._rmsnorm_kernel
         sig = {"X": ptr, "W": ptr, "Y": ptr, "M": "i32", "stride_x": "i32", "eps": "fp32"}
-        consts = module._constexprs(M, N, block_n, rows, pdl, N)
+        consts = module._constexprs(M, N, block_n, rows, pdl, N, **rescue)
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
     src = triton.compiler.ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}},
                                     constexprs=consts, attrs=attrs)

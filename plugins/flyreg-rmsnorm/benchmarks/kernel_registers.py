@@ -43,7 +43,8 @@ def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
                    config["kwargs"]["ROWS"], config["hints"].get("num_warps", 4), config["hints"].get("num_stages"))
             op, dtype, M, N, block_n, rows, warps, stages = cfg
             strides = (N, N) if op == "fused_add_rmsnorm" else (N,)
-            consts = installed_module._constexprs(M, N, block_n, rows, True, *strides)
+            consts = installed_module._constexprs(M, N, block_n, rows, True, *strides,
+                                                  rescue=installed_module.rescue_mode(getattr(torch, dtype), block_n, rows, warps))
             out.setdefault((op, dtype, warps, stages, tuple(sorted(consts.items()))), cfg)
     return sorted(out.values(), key=repr)
 

@@ -182,7 +182,7 @@ def statically_launched(M: int, N: int, chunk: int, warps: int, xs: list[torch.T
             from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
         except ImportError:
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
-        k = tk._rmsnorm_kernel.warmup(xs[0], ws[0], ys[0], M, N, EPS, grid=(M,), **tk._constexprs(M, N, chunk, 1, False, N),
+        k = tk._rmsnorm_kernel.warmup(xs[0], ws[0], ys[0], M, N, EPS, grid=(M,), **tk._constexprs(M, N, chunk, 1, False, N, rescue=tk.rescue_mode(xs[0].dtype, chunk, 1, warps)),
                                       num_warps=warps, num_stages=1)
         k = k.result() if hasattr(k, "result") else k
         k._cubin_path = None
@@ -222,7 +222,7 @@ def variants(M: int, N: int, xs: list[torch.Tensor], ys: list[torch.Tensor], ws:
                pdl: bool = False) -> Callable[[int], Callable[[], Any]]:
         grid = (triton.cdiv(M, rows),)
         kw = {"num_warps": warps, **({"num_stages": stages} if stages else {}), **({"launch_pdl": True} if pdl else {})}
-        consts = tk._constexprs(M, N, block, rows, pdl, N)
+        consts = tk._constexprs(M, N, block, rows, pdl, N, rescue=tk.rescue_mode(xs[0].dtype, block, rows, warps))
         return lambda i: (lambda: tk._rmsnorm_kernel[grid](xs[i], ws[i], ys[i], M, N, EPS, **consts, **kw))
 
     def split(t: tuple[int, int, int], rows: int, warps: int, evict: bool) -> Callable[[int], Callable[[], Any]]:
