@@ -535,6 +535,7 @@ def test_int64_indexing_exactly_where_an_offset_passes_int32(M: int, N: int, BLO
     (torch.float16, 128, 16, 8, "NO_RESCUE"),  # a float16 sum of squares cannot overflow
     (torch.bfloat16, 128, 1, 8, "RESCUE_AFTER"),  # one row: the tile-wide test is the row's own
     (torch.float32, 128, 4, 1, "RESCUE_AFTER"),  # one warp: the test stays inside it
+    (torch.bfloat16, 128, 4, 1, "RESCUE_AFTER"),  # however few columns the warp's rows have
     (torch.bfloat16, 128, 2, 2, "RESCUE_IN_SUM"),  # a warp spans 256 bf16 columns: the rows spread over warps
     (torch.bfloat16, 1024, 2, 4, "RESCUE_AFTER"),  # 4 warps of 256 columns each along a row
     (torch.float32, 512, 2, 4, "RESCUE_AFTER"),
@@ -712,6 +713,9 @@ def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backe
     if backend.name == "triton":  # one-row and several-row tiles, a tile with no overflowing row among them;
         # (2, 2) spreads its rows over warps (RESCUE_IN_SUM), the others test after the stores (RESCUE_AFTER)
         configs = [Config({"BLOCK_N": block_n, "ROWS": rows}, num_warps=w) for rows, w in ((1, 1), (2, 2), (4, 1))]
+        assert triton_kernels is not None
+        modes = {triton_kernels.rescue_mode(dtype, block_n, c.kwargs["ROWS"], c.hints["num_warps"]) for c in configs}
+        assert modes == {triton_kernels.RESCUE_AFTER.value, triton_kernels.RESCUE_IN_SUM.value}
     else:
         configs = backend.configs(spec_of(x))[:3] or [backend.default(spec_of(x))]
     check_overflowing_rows(backend, configs, x, dtype, huge)

@@ -296,13 +296,13 @@ _VECTOR_BYTES = 16
 
 def rescue_mode(dtype: torch.dtype, BLOCK_N: int, ROWS: int, num_warps: int | None) -> int:
     """The ``RESCUE`` of a tile: none for float16 (its sum of squares cannot overflow); ``RESCUE_IN_SUM`` where
-    the tile's rows are spread over warps, which is where Triton's layout leaves fewer than ``num_warps``
-    warps along a row of ``BLOCK_N`` columns (each warp spans at most 32 vectors of 16 bytes);
+    the tile's rows are spread over warps, which is where Triton's layout leaves fewer than ``num_warps`` (two or
+    more) warps along a row of ``BLOCK_N`` columns (each warp spans at most 32 vectors of 16 bytes);
     ``RESCUE_AFTER`` elsewhere. Every mode gives the same answers; the choice only moves the cost."""
     if dtype == torch.float16:
         return NO_RESCUE.value
     warps = 4 if num_warps is None else num_warps
-    spread = ROWS > 1 and BLOCK_N < warps * 32 * (_VECTOR_BYTES // dtype.itemsize)
+    spread = ROWS > 1 and warps > 1 and BLOCK_N < warps * 32 * (_VECTOR_BYTES // dtype.itemsize)
     return (RESCUE_IN_SUM if spread else RESCUE_AFTER).value
 
 

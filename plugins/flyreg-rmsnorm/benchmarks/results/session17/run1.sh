@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 17, first device call: the branch-free rescue (the scaled sum of squares reduced with the plain one, the
-# working tree's kernels) A/B against the kernels of 688f7b6 (session 7's) on latency- and bandwidth-bound cells, then the overflow gpu
+# working tree's kernels then: the landed kernels with rescue_mode giving RESCUE_IN_SUM to every bf16 and float32
+# tile; that file was not kept) A/B against the kernels of 688f7b6 (session 7's) on latency- and bandwidth-bound cells, then the overflow gpu
 # tests with the strict xfails run as plain tests. Run from the repository root with OUT set, after
 # plugins/flyreg-moe/benchmarks/results/h200/session16/install.sh.
 set -u

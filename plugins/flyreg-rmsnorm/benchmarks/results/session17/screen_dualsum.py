@@ -7,6 +7,9 @@ Run from ``plugins/flyreg-rmsnorm/benchmarks`` without TRITON_INTERPRET, with Tr
     git show 688f7b6:plugins/flyreg-rmsnorm/flyreg_rmsnorm/triton_kernels.py > before.py
     python results/session17/screen_dualsum.py before.py ../flyreg_rmsnorm/triton_kernels.py bfloat16 float32 \\
         --json out.json
+
+``screen_landed.json`` is this screen of the landed kernels; ``screen_sum_everywhere.json`` of the first trial
+(``run1.sh``: the scaled sum for every tile, uncapped).
 """
 
 from __future__ import annotations
