@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_ab.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--ops rmsnorm fused_add_rmsnorm]
         [--dtype bfloat16 float32] [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--rounds 4] [--json out.json]
+        [--after-configs DIR]
 
 ``--before`` is an older ``flyreg_rmsnorm/triton_kernels.py`` (``git show REV:plugins/...``); "after"
 is ``--after``, a variant under trial, or else the installed module. For each cell both are bound to the config this machine serves, checked
@@ -9,6 +10,10 @@ to return the same bits on fresh random rows (a change meant to leave the common
 and timed in steady state (:func:`rmsnorm_bandwidth.steady_ms`) in ``--rounds`` back-to-back pairs,
 alternating which goes first. ``after`` is after's time over before's (> 1: after is slower); ``same``
 is the same ratio for two launchers of the before kernel, the noise of the cell in this run.
+
+``--after-configs DIR`` (artifacts written by ``flyreg tune --out DIR`` over the after kernels) times best
+against best: where DIR holds an artifact of the cell's op and spec, after runs that config, and the bitwise
+check is skipped when it differs from before's (``identical`` is then null).
 """
 
 from __future__ import annotations
@@ -49,26 +54,42 @@ def binder(module: ModuleType, op: str, config: Any) -> Any:
     return lambda *args: bind(*args, EPS, **config.kwargs, **config.hints)
 
 
+def tuned_configs(directory: str | None) -> dict[tuple[str, str], flyreg.Config]:
+    """The configs of the artifacts in ``directory``, by (op, spec as sorted JSON without the device name)."""
+    out: dict[tuple[str, str], flyreg.Config] = {}
+    for path in sorted(Path(directory).glob("*.json")) if directory else []:
+        a = json.loads(path.read_text())
+        spec = {k: v for k, v in a["spec"].items() if k != "device_name"}
+        out[(a["op"], json.dumps(spec, sort_keys=True))] = flyreg.Config(a["config"]["kwargs"], **a["config"]["hints"])
+    return out
+
+
 def measure_cell(before: ModuleType, after: ModuleType, op: str, M: int, N: int, dtype: torch.dtype, rounds: int,
-                 reps: int) -> dict[str, Any]:
+                 reps: int, tuned: dict[tuple[str, str], flyreg.Config] | None = None) -> dict[str, Any]:
     xs, _, w = rotating_inputs(M, N, dtype)
     fused = op == "fused_add_rmsnorm"
     rs = [torch.randn_like(x) for x in xs] if fused else []
     args = [(x, r, w) if fused else (x, w) for x, r in zip(xs, rs or xs)]
     res = flyreg.resolve(op, *args[0], EPS)
+    spec = json.dumps({k: v for k, v in res.spec.items() if k != "device_name"}, sort_keys=True)
+    after_config = (tuned or {}).get((op, spec), res.config)
+    configs = {"before": res.config, "after": after_config, "before2": res.config}
     row: dict[str, Any] = {"op": op, "M": M, "N": N, "dtype": str(dtype).removeprefix("torch."),
                            "config": repr(res.config), "source": res.origin}
+    if after_config != res.config:
+        row["after_config"] = repr(after_config)
     runs = {}
     for name, module in (("before", before), ("after", after), ("before2", before)):
-        launch = binder(module, op, res.config)(*args[0])
+        launch = binder(module, op, configs[name])(*args[0])
         runs[name] = [lambda a=a, launch=launch: launch(*a) for a in args]
     x0 = torch.randn(M, N, device="cuda", dtype=dtype)  # the same bits out of both, fused residual included
     outs = []
     for name in ("before", "after"):
         r0 = torch.randn(M, N, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(1))
-        launch = binder(before if name == "before" else after, op, res.config)(*((x0, r0, w) if fused else (x0, w)))
+        launch = binder(before if name == "before" else after, op, configs[name])(*((x0, r0, w) if fused else (x0, w)))
         outs.append((launch(x0, r0, w) if fused else launch(x0, w), r0))
-    row["identical"] = all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
+    row["identical"] = (all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
+                        if after_config == res.config else None)
     calls = replay_calls((2 + 2 * fused) * M * N * xs[0].element_size(), len(xs))
     time = lambda fns: steady_ms(fns, calls, reps)  # noqa: E731
     row["after"] = paired_ratios(runs["before"], runs["after"], rounds, time)
@@ -89,17 +110,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="back-to-back pairs per cell")
     ap.add_argument("--reps", type=int, default=7, help="graph replays per timing; the median is kept")
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--after-configs", default=None, help="artifacts tuned over the after kernels: best against best")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     before = load_kernels(args.before)
     after = load_kernels(args.after, "after") if args.after else installed_module
+    tuned = tuned_configs(args.after_configs)
     rows = []
     for op in args.ops:
         for dtype in args.dtype:
             for M in args.M:
                 for N in args.N:
-                    row = measure_cell(before, after, op, M, N, DTYPES[dtype], args.rounds, args.reps)
+                    row = measure_cell(before, after, op, M, N, DTYPES[dtype], args.rounds, args.reps, tuned)
                     rows.append(row)
                     print(f"{op:18s} {dtype:9s} M={M:<6d} N={N:<6d} before {row['before_us']:8.2f} us"
                           f"  after/before {statistics.median(row['after']):.3f}"
@@ -110,7 +133,8 @@ def main() -> None:
     same = [statistics.median(r["same"]) for r in rows]
     print(f"{len(rows)} cells: after/before median {statistics.median(med):.4f} (min {min(med):.3f}, "
           f"max {max(med):.3f}); before/before median {statistics.median(same):.4f} (min {min(same):.3f}, "
-          f"max {max(same):.3f}); identical outputs in {sum(r['identical'] for r in rows)}")
+          f"max {max(same):.3f}); identical outputs in {sum(r['identical'] is True for r in rows)} of "
+          f"{sum(r['identical'] is not None for r in rows)} with one config")
 
 
 if __name__ == "__main__":
