@@ -9,6 +9,7 @@ Imported only by plugins that use it (``import flyreg`` never imports Triton). W
   would be wrong: Triton's interpreter, a Triton older than :data:`MIN_TRITON`, a launch hook or
   a pre-run hook set (profilers read launch metadata), or a tensor whose address is not 16-byte
   aligned where the binary was compiled for an aligned one.
+* :func:`compiled_registers`: the registers a thread of that binary takes (to size a ``maxnreg``).
 * :func:`pdl_supported` / :func:`resolve_pdl` and the jit helper :func:`dependent_start`:
   programmatic dependent launch on Hopper and later.
 * :func:`interpreted`: whether Triton runs kernels in its interpreter.
@@ -36,8 +37,8 @@ try:  # grid dependency control: Triton 3.3 and later
 except ImportError:  # pragma: no cover - an older Triton launches without it
     gdc_launch_dependents = gdc_wait = None
 
-__all__ = ["ALIGN", "MIN_TRITON", "compiled_launcher", "dependent_start", "hints", "interpreted", "pdl_supported",
-           "resolve_pdl"]
+__all__ = ["ALIGN", "MIN_TRITON", "compiled_launcher", "compiled_registers", "dependent_start", "hints", "interpreted",
+           "pdl_supported", "resolve_pdl"]
 
 #: Pointer alignment Triton specializes tensor arguments on.
 ALIGN = 16
@@ -114,6 +115,26 @@ def hints(num_warps: int | None = None, num_stages: int | None = None, pdl: bool
     return out
 
 
+def _compile(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: Mapping[str, Any],
+             hints: Mapping[str, Any], device: torch.device) -> Any:
+    """``kernel``'s CompiledKernel for these arguments, compiled or loaded from Triton's cache (not yet loaded)."""
+    with torch.cuda.device(device):
+        compiled = kernel.warmup(*args, grid=grid, **constexprs, **hints)
+        return compiled.result() if hasattr(compiled, "result") else compiled  # an async-compile future
+
+
+def compiled_registers(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: Mapping[str, Any],
+                       hints: Mapping[str, Any], device: torch.device) -> int:
+    """The registers a thread of ``kernel``'s binary takes, compiled as :func:`compiled_launcher` compiles it
+    (same arguments). Raises RuntimeError under Triton's interpreter, which compiles nothing."""
+    if interpreted():
+        raise RuntimeError("compiled_registers: Triton runs kernels in its interpreter here, so there is no binary")
+    compiled = _compile(kernel, grid, args, constexprs, hints, device)
+    with torch.cuda.device(device), _LOAD_LOCK:  # loading the binary sets n_regs (the lock: compiled_launcher)
+        compiled._init_handles()
+        return int(compiled.n_regs)
+
+
 def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: Mapping[str, Any],
                       hints: Mapping[str, Any], device: torch.device) -> Callable[..., None]:
     """``launch(*runtime_args)`` of ``kernel`` with these ``constexprs`` and compiler ``hints``.
@@ -137,9 +158,8 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
     if missing:
         raise TypeError(f"{kernel}: constexprs {missing} not given")
     const_vals = tuple(constexprs[n] for n in names)
+    compiled = _compile(kernel, grid, args, constexprs, hints, device)
     with torch.cuda.device(device):
-        compiled = kernel.warmup(*args, grid=grid, **constexprs, **hints)
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an async-compile future
         # .run loads the binary, but Triton sets it before the load ends: another thread binding the same
         # binary could read .function as None (seen on the H200 when configs share one binary).
         with _LOAD_LOCK:

@@ -123,3 +123,22 @@ def test_aligned_calls_skip_kernel_grid_and_the_others_take_it(monkeypatch: pyte
     finally:
         kernel.pre_run_hooks.remove(hook)
     assert generic == [1, 1]  # a pre-run hook must see the launch
+
+
+def test_compiled_registers_reads_the_binary_a_launch_runs() -> None:
+    from flyreg.triton import compiled_registers, hints
+    from flyreg_rmsnorm import triton_kernels as tk
+
+    M, N = 64, 4096
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(N, device="cuda", dtype=torch.bfloat16) + 0.5
+    args = (x, w, torch.empty_like(x), M, N, EPS)
+    consts = tk._constexprs(M, N, 4096, 1, False, N, rescue=tk.NO_RESCUE.value)
+    free = compiled_registers(tk._rmsnorm_kernel, (M,), args, consts, hints(num_warps=8), x.device)
+    capped = compiled_registers(tk._rmsnorm_kernel, (M,), args, consts, {**hints(num_warps=8), "maxnreg": 32},
+                                x.device)
+    assert 0 < capped <= 32 and free >= capped
+    cap = tk._occupancy_cap(free, 8)
+    options = tk._capped(tk._rmsnorm_kernel, (M,), args, {**consts, "RESCUE": tk.RESCUE_AFTER.value},
+                         hints(num_warps=8), x.device)
+    assert options["maxnreg"] == cap  # the bound rescue kernel keeps the rescue-free kernel's blocks a SM

@@ -496,20 +496,27 @@ def test_gpu_overflowing_rows_every_config(N: int, dtype: torch.dtype, poison: N
 
 @gpu
 @needs_cuda
-def test_gpu_int64_row_offsets() -> None:
-    """Rows 2**31 elements apart: row offsets overflow int32."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_gpu_int64_row_offsets(dtype: torch.dtype) -> None:
+    """Rows 2**31 elements apart: row offsets overflow int32 (bfloat16: the second row's sum of squares overflows
+    too, rescued after the stores on one warp and in the sum on two)."""
     backend = _triton_backend()
     N, stride = 64, 2**31
-    buf_x = torch.empty(stride + N, dtype=torch.float16, device="cuda")
-    buf_r = torch.empty(stride + N, dtype=torch.float16, device="cuda")
+    buf_x = torch.empty(stride + N, dtype=dtype, device="cuda")
+    buf_r = torch.empty(stride + N, dtype=dtype, device="cuda")
     x = buf_x.as_strided((2, N), (stride, 1))
     r = buf_r.as_strided((2, N), (stride, 1))
-    x.copy_(randn((2, N), torch.float16, 71))
-    r.copy_(randn((2, N), torch.float16, 72))
-    w = randn((N,), torch.float16, 73, "cuda")
-    config = Config({"BLOCK_N": 64, "ROWS": 2}, num_warps=1)
-    check_rmsnorm(backend, config, x, w)
-    check_fused(backend, config, x, r, w)
+    values = randn((2, N), torch.float32, 71)
+    if dtype == torch.bfloat16:
+        values[1] *= 1e20
+    x.copy_(values.to(dtype))
+    r.copy_(randn((2, N), dtype, 72))
+    w = randn((N,), dtype, 73, "cuda")
+    for warps in (1, 2) if dtype == torch.bfloat16 else (1,):
+        config = Config({"BLOCK_N": 64, "ROWS": 2}, num_warps=warps)
+        check_rmsnorm(backend, config, x, w)
+        check_fused(backend, config, x, r, w)
+        r.copy_(randn((2, N), dtype, 72))
 
 
 @needs_triton
@@ -540,12 +547,39 @@ def test_int64_indexing_exactly_where_an_offset_passes_int32(M: int, N: int, BLO
     (torch.bfloat16, 1024, 2, 4, "RESCUE_AFTER"),  # 4 warps of 256 columns each along a row
     (torch.float32, 512, 2, 4, "RESCUE_AFTER"),
     (torch.float32, 512, 2, 8, "RESCUE_IN_SUM"),
-    (torch.float32, 4096, 2, None, "RESCUE_AFTER"),  # Triton's default of 4 warps
+    (torch.bfloat16, 512, 2, None, "RESCUE_IN_SUM"),  # Triton's default of 4 warps: 1024 columns wide
+    (torch.bfloat16, 1024, 2, None, "RESCUE_AFTER"),
 ])
 def test_rescue_mode_sums_scaled_squares_only_where_rows_spread_over_warps(dtype: torch.dtype, block_n: int, rows: int,
                                                                           warps: int | None, mode: str) -> None:
     assert triton_kernels is not None
     assert triton_kernels.rescue_mode(dtype, block_n, rows, warps) == getattr(triton_kernels, mode).value
+
+
+@needs_triton
+@pytest.mark.parametrize("regs,warps,cap", [
+    (30, 4, 32),  # 16 blocks of 4 warps (the 64-warp limit) at up to 32 registers
+    (40, 8, 40),  # 6 blocks of 8 warps: 48 registers would leave 5
+    (20, 1, 64),  # 32 blocks (the block limit) of one warp at up to 64 registers
+    (128, 8, 128),  # 2 blocks: 129 (136 allocated) would leave 1
+    (200, 4, 255),  # 2 blocks of 4 warps at any count a thread may take
+])
+def test_occupancy_cap_keeps_the_blocks_a_sm(regs: int, warps: int, cap: int) -> None:
+    assert triton_kernels is not None
+    assert triton_kernels._occupancy_cap(regs, warps) == cap
+    assert triton_kernels._blocks_per_sm(cap, warps) == triton_kernels._blocks_per_sm(regs, warps)
+    assert cap == 255 or triton_kernels._blocks_per_sm(cap + 1, warps) < triton_kernels._blocks_per_sm(regs, warps)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's answer")
+def test_compiled_registers_under_the_interpreter_says_there_is_no_binary() -> None:
+    from flyreg.triton import compiled_registers, hints
+
+    assert triton_kernels is not None
+    x = torch.randn(2, 64)
+    consts = triton_kernels._constexprs(2, 64, 64, 1, False, 64, rescue=0)
+    with pytest.raises(RuntimeError, match="interpreter"):
+        compiled_registers(triton_kernels._rmsnorm_kernel, (2,), (x, x[0], x, 2, 64, 1e-6), consts, hints(), x.device)
 
 
 @needs_triton
@@ -687,7 +721,8 @@ def check_overflowing_rows(backend: Backend, configs: list[Config], x: torch.Ten
     (tiny, plain and NaN) each on its own, and the residual update."""
     M, N = x.shape
     w = randn((N,), torch.float32, seed=N).to(dtype).to(x.device)
-    residual = randn(tuple(x.shape), torch.float32, seed=N + 1).to(dtype).to(x.device)
+    residual = torch.empty_strided(tuple(x.shape), x.stride(), dtype=dtype, device=x.device)  # x's row stride
+    residual.copy_(randn(tuple(x.shape), torch.float32, seed=N + 1).to(dtype))
     ref = ref_rmsnorm(x, w, 1e-6)
     want_r = expected_residual(x, residual, backend)
     fused_ref = ref_rmsnorm(want_r, w, 1e-6)
@@ -703,13 +738,15 @@ def check_overflowing_rows(backend: Backend, configs: list[Config], x: torch.Ten
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_n", [64, 16])  # one pass over the row, and chunks
-def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype,
-                                                                  block_n: int) -> None:
+@pytest.mark.parametrize("block_n", [64, 16])  # one pass over 48 columns, and chunks
+@pytest.mark.parametrize("N,row_stride", [(48, 48), (300, 312)])  # dense rows; strided ones, a column tail
+def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backend, dtype: torch.dtype, block_n: int,
+                                                                  N: int, row_stride: int) -> None:
     if backend.name == "cpu" and block_n != 64:
         pytest.skip("the CPU path has no BLOCK_N")
-    M, N, huge = 8, 48, [0, 2, 4]
-    x = overflowing_rows(M, N, huge, dtype, seed=11).to(backend.device)
+    M, huge = 9, [0, 2, 4]  # 9 rows: the last tile of 2 or 4 rows is masked
+    rows = overflowing_rows(M, N, huge, dtype, seed=11)
+    x = torch.zeros(M, row_stride, dtype=dtype)[:, :N].copy_(rows).to(backend.device)
     if backend.name == "triton":  # one-row and several-row tiles, a tile with no overflowing row among them;
         # (2, 2) spreads its rows over warps (RESCUE_IN_SUM), the others test after the stores (RESCUE_AFTER)
         configs = [Config({"BLOCK_N": block_n, "ROWS": rows}, num_warps=w) for rows, w in ((1, 1), (2, 2), (4, 1))]

@@ -7,7 +7,9 @@ Compiles ``_rmsnorm_kernel`` (``--fused``: ``_fused_add_rmsnorm_kernel``) with t
 launch on dense rows would bind (``_constexprs``) and 16-byte aligned pointers, as the JIT
 specializes them, then prints the memory, barrier, shuffle and grid-dependency instructions in
 program order: where each load is issued relative to the reduction. ``--all`` prints the whole
-PTX; ``--out`` writes it to a file. Needs Triton's NVIDIA backend, not a device.
+PTX; ``--out`` writes it to a file. Needs Triton's NVIDIA backend, not a device. A ``RESCUE_AFTER``
+kernel (``triton_kernels.rescue_mode``) compiles here without the ``maxnreg`` cap its bind adds
+(``_capped``, which needs the device to read the rescue-free kernel's registers).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ the kernels, compiled and loaded on this machine's GPU.
 Each distinct kernel of ``flyreg_rmsnorm/configs`` (op, dtype, constexprs and hints: 271 for the
 450 artifacts, M mattering only through the row mask and the index width) is compiled the way a
 launch on dense rows compiles it (``kernel_ptx.py``), by ``--before`` and by ``--after`` (default:
-the installed kernels module). Occupancy is warps resident a multiprocessor by registers alone (64K
+the installed kernels module); a ``RESCUE_AFTER`` kernel without the ``maxnreg`` cap its bind adds
+(``triton_kernels._capped``). Occupancy is warps resident a multiprocessor by registers alone (64K
 registers, allocated 256 a warp, at most 64 warps and 32 blocks), the limit a change of registers
 can move.
 """
@@ -43,8 +44,8 @@ def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
                    config["kwargs"]["ROWS"], config["hints"].get("num_warps", 4), config["hints"].get("num_stages"))
             op, dtype, M, N, block_n, rows, warps, stages = cfg
             strides = (N, N) if op == "fused_add_rmsnorm" else (N,)
-            consts = installed_module._constexprs(M, N, block_n, rows, True, *strides,
-                                                  rescue=installed_module.rescue_mode(getattr(torch, dtype), block_n, rows, warps))
+            rescue = installed_module.rescue_mode(getattr(torch, dtype), block_n, rows, warps)
+            consts = installed_module._constexprs(M, N, block_n, rows, True, *strides, rescue=rescue)
             out.setdefault((op, dtype, warps, stages, tuple(sorted(consts.items()))), cfg)
     return sorted(out.values(), key=repr)
 

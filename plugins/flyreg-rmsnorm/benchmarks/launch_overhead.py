@@ -57,7 +57,9 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     pdl = pdl_supported(x.device)  # launched as the plugin launches it
     consts = tk._constexprs(M, N, block_n, rows, pdl, stride,
                             rescue=tk.rescue_mode(x.dtype, block_n, rows, hints.get("num_warps")))
-    launch_hints = launch_hints_of(hints.get("num_warps"), hints.get("num_stages"), pdl)
+    # as bound: a RESCUE_AFTER kernel with its register cap
+    launch_hints = tk._capped(kernel, grid, (x, w, y, M, stride, EPS), consts,
+                              launch_hints_of(hints.get("num_warps"), hints.get("num_stages"), pdl), x.device)
 
     def direct() -> Any:
         kernel[grid](x, w, y, M, stride, EPS, **consts, **launch_hints)
@@ -76,7 +78,8 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
     p2 = 1 << max(N - 1, 0).bit_length()
     auto_configs = [triton.Config({"BLOCK_N": p2, "ROWS": 1}, num_warps=nw) for nw in (4, 8, 16)]
     auto = triton.autotune(configs=auto_configs, key=["N"])(kernel)
-    auto_consts = {k: v for k, v in tk._constexprs(M, N, p2, 1, False, stride, rescue=tk.rescue_mode(x.dtype, p2, 1, 4)).items() if k not in ("BLOCK_N", "ROWS")}
+    auto_consts = {k: v for k, v in tk._constexprs(M, N, p2, 1, False, stride, rescue=tk.rescue_mode(x.dtype, p2, 1, 4)).items()
+                   if k not in ("BLOCK_N", "ROWS")}
 
     def autotuned() -> Any:
         auto[(M,)](x, w, y, M, stride, EPS, **auto_consts)

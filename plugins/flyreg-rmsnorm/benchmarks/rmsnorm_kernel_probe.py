@@ -182,7 +182,8 @@ def statically_launched(M: int, N: int, chunk: int, warps: int, xs: list[torch.T
             from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
         except ImportError:
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
-        k = tk._rmsnorm_kernel.warmup(xs[0], ws[0], ys[0], M, N, EPS, grid=(M,), **tk._constexprs(M, N, chunk, 1, False, N, rescue=tk.rescue_mode(xs[0].dtype, chunk, 1, warps)),
+        consts = tk._constexprs(M, N, chunk, 1, False, N, rescue=tk.rescue_mode(xs[0].dtype, chunk, 1, warps))
+        k = tk._rmsnorm_kernel.warmup(xs[0], ws[0], ys[0], M, N, EPS, grid=(M,), **consts,
                                       num_warps=warps, num_stages=1)
         k = k.result() if hasattr(k, "result") else k
         k._cubin_path = None

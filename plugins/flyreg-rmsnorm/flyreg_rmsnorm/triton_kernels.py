@@ -9,7 +9,7 @@ Knobs (constexpr):
 * ``ROWS``: rows per program, a power of two; the tile is ``ROWS x BLOCK_N``.
 
 All math is in float32 and rounded once at the end: ``y = (x * rstd) * float(weight)``,
-stored in x's dtype. A row whose float32 sum of squares overflows (|x| above about 1e19 / sqrt(N);
+stored in x's dtype. A row whose float32 sum of squares overflows (|x| above about 1.8e19 / sqrt(N);
 bfloat16 and float32 rows only) gets the float64 reference's answer instead of zeros, from its squares
 scaled by 2**-80, in one of two ways (``RESCUE``, chosen per tile by :func:`rescue_mode`):
 
@@ -21,9 +21,13 @@ scaled by 2**-80, in one of two ways (``RESCUE``, chosen per tile by :func:`resc
   block a cross-warp reduction and two barriers, the scaled squares are summed in the same reduction
   as the plain ones, and a row whose plain sum overflowed takes its rstd from the scaled sum.
 
-The two give the same answers and differ only in cost (``docs/performance.md``, "Session 17").
+Both give the float64 reference's answer to float32 rounding; they differ in cost (``docs/performance.md``,
+"Session 17"), and in the last bits of a row whose plain sum lies within a factor 2 below float32's largest
+value, in a tile where another row overflowed (``RESCUE_AFTER`` recomputes it from its scaled sum).
 ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in float32, rounded to residual's dtype)
-into ``residual`` and normalizes that stored, rounded value. On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
+into ``residual`` and normalizes that stored, rounded value.
+
+On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
 dependents (``launch_pdl``, see :func:`flyreg.triton.pdl_supported`): a launch may start while the kernel before
 it drains, and waits for that kernel's writes (``gdc_wait``) before its first load. Every address
 is the base pointer plus one element index, int32 where every index of the launch fits
@@ -47,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyreg.triton import compiled_launcher, dependent_start, hints, interpreted, resolve_pdl
+from flyreg.triton import compiled_launcher, compiled_registers, dependent_start, hints, interpreted, resolve_pdl
 
 from .checks import check_eps, check_fused_add, check_rmsnorm
 
@@ -75,8 +79,8 @@ _SCALE: tl.constexpr = tl.constexpr(2.0**-80)
 #: overflowed, whatever the order the two sums were added in.
 _RESCUED_FROM: tl.constexpr = tl.constexpr(2.0**-33)
 #: ``.pragma "nounroll"`` opens each loop of the rescue: ptxas would otherwise unroll it up to the
-#: register limit, which costs every launch occupancy. Only a compiled kernel runs inline assembly.
-_NO_UNROLL: tl.constexpr = tl.constexpr(not interpreted())
+#: register limit, which costs every launch occupancy. Only a kernel compiled to PTX runs that assembly.
+_NO_UNROLL: tl.constexpr = tl.constexpr(not interpreted() and torch.version.hip is None)
 
 
 #: How a kernel rescues rows whose sum of squares overflowed (module docstring; ``.value`` is the int).
@@ -129,10 +133,12 @@ def _overflowed(ss):
 
 
 @triton.jit
-def _rescue(V, W, Y, M, stride_v, eps, first_row, N: tl.constexpr, ROWS: tl.constexpr, V_DENSE: tl.constexpr):
-    # Rewrites y of the tile's rows whose float32 sum of squares overflowed, from V (the stored row that
-    # was normalized) read again and scaled by _SCALE, one 128-element chunk at a time.
-    CHUNK: tl.constexpr = 128
+def _rescue(V, W, Y, M, stride_v, eps, first_row, N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+            V_DENSE: tl.constexpr):
+    # Rewrites y of the tile's rows whose scaled sum of squares reaches _RESCUED_FROM, from V (the stored row
+    # that was normalized) read again and scaled by _SCALE, in chunks of at most BLOCK_N (so no offset passes
+    # the tile's, which needs_int64 bounds) and 128 elements.
+    CHUNK: tl.constexpr = BLOCK_N if BLOCK_N < 128 else 128
     tl.debug_barrier()  # the tile's stores (y, and the fused op's residual) are visible to every thread
     cols = tl.arange(0, CHUNK)
     for row in tl.range(first_row, tl.minimum(first_row + ROWS, M)):
@@ -192,7 +198,7 @@ def _rmsnorm_kernel(
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
         if RESCUE == RESCUE_AFTER:
             if _overflowed(ss):
-                _rescue(X, W, Y, M, stride_x, eps, _first_row(ROWS, OFF64), N, ROWS, X_DENSE)
+                _rescue(X, W, Y, M, stride_x, eps, _first_row(ROWS, OFF64), N, BLOCK_N, ROWS, X_DENSE)
     else:
         # Pass 1 keeps the row in L2 (evict_last) for pass 2, which reads it for the last time.
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -214,7 +220,7 @@ def _rmsnorm_kernel(
             tl.store(Y + (y_row + c[None, :]), y.to(Y.dtype.element_ty), mask=mask)
         if RESCUE == RESCUE_AFTER:
             if _overflowed(ss):
-                _rescue(X, W, Y, M, stride_x, eps, _first_row(ROWS, OFF64), N, ROWS, X_DENSE)
+                _rescue(X, W, Y, M, stride_x, eps, _first_row(ROWS, OFF64), N, BLOCK_N, ROWS, X_DENSE)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -245,7 +251,7 @@ def _fused_add_rmsnorm_kernel(
         tl.store(Y + (y_row + cols[None, :]), y.to(Y.dtype.element_ty), mask=mask)
         if RESCUE == RESCUE_AFTER:
             if _overflowed(ss):
-                _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, ROWS, R_DENSE)
+                _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, BLOCK_N, ROWS, R_DENSE)
     else:
         # Pass 1 only reads; pass 2 recomputes the (identically rounded) sum and stores it.
         # So no thread ever reads a residual element that another thread wrote (but _rescue, after a barrier).
@@ -273,7 +279,7 @@ def _fused_add_rmsnorm_kernel(
             tl.store(Y + (y_row + c[None, :]), y.to(Y.dtype.element_ty), mask=mask)
         if RESCUE == RESCUE_AFTER:
             if _overflowed(ss):
-                _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, ROWS, R_DENSE)
+                _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, BLOCK_N, ROWS, R_DENSE)
 
 
 #: Hopper's registers a SM, warps a SM and blocks a SM.
@@ -308,16 +314,16 @@ def rescue_mode(dtype: torch.dtype, BLOCK_N: int, ROWS: int, num_warps: int | No
 
 def _capped(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], consts: dict[str, Any],
             options: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """``options``, for a ``RESCUE_AFTER`` kernel with ``maxnreg`` capped at the most registers that keep the
-    blocks a SM of ``kernel`` compiled without the rescue: unpinned, ptxas may lower the common path's registers
-    and delay its loads; pinned at exactly that count, it delays them too (performance.md, sessions 15 to 17)."""
-    if consts["RESCUE"] != RESCUE_AFTER.value or device.type != "cuda" or interpreted():
+    """``options``, for a ``RESCUE_AFTER`` kernel on an NVIDIA GPU with ``maxnreg`` capped at the most registers
+    that keep the blocks a SM of ``kernel`` compiled without the rescue (or at the caller's, if fewer): unpinned,
+    ptxas may lower the common path's registers and delay its loads; pinned at exactly that count, it delays
+    them too (performance.md, sessions 15 to 17)."""
+    if (consts["RESCUE"] != RESCUE_AFTER.value or device.type != "cuda" or torch.version.hip is not None
+            or interpreted()):
         return options
-    with torch.cuda.device(device):
-        base = kernel.warmup(*args, grid=grid, **{**consts, "RESCUE": NO_RESCUE.value}, **options)
-        base = base.result() if hasattr(base, "result") else base
-        base._init_handles()
-    return {**options, "maxnreg": _occupancy_cap(base.n_regs, options.get("num_warps", 4))}
+    base = compiled_registers(kernel, grid, args, {**consts, "RESCUE": NO_RESCUE.value}, options, device)
+    cap = _occupancy_cap(base, options.get("num_warps", 4))
+    return {**options, "maxnreg": min(cap, options.get("maxnreg") or cap)}
 
 
 def _check_knobs(BLOCK_N: int, ROWS: int) -> None:
@@ -342,7 +348,7 @@ def needs_int64(M: int, N: int, BLOCK_N: int, ROWS: int, *row_strides: int) -> b
 def _constexprs(M: int, N: int, BLOCK_N: int, ROWS: int, pdl: bool, x_stride: int,
                 r_stride: int | None = None, *, rescue: int) -> dict[str, int | bool]:
     """The constexprs of a launch of :func:`_rmsnorm_kernel` (x's row stride) or, with the
-    residual's row stride too, of :func:`_fused_add_rmsnorm_kernel`."""
+    residual's row stride too, of :func:`_fused_add_rmsnorm_kernel`; ``rescue`` is its :func:`rescue_mode`."""
     strides = (x_stride,) if r_stride is None else (x_stride, r_stride)
     dense = {"X_DENSE": x_stride == N, **({} if r_stride is None else {"R_DENSE": r_stride == N})}
     # No row mask when the programs cover M exactly (one row per program, always): with N a constexpr,
@@ -377,9 +383,8 @@ def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BL
     probe = torch.empty(1, dtype=x.dtype, device=x.device)  # stands in for y: fresh, so aligned like every y
     grid, args = ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, x_stride, eps_f)
     consts = _constexprs(M, N, BLOCK_N, ROWS, pdl, x_stride, rescue=rescue_mode(x.dtype, BLOCK_N, ROWS, num_warps))
-    launch = compiled_launcher(_rmsnorm_kernel, grid, args, consts,
-                               _capped(_rmsnorm_kernel, grid, args, consts, hints(num_warps, num_stages, pdl), x.device),
-                               x.device)
+    options = _capped(_rmsnorm_kernel, grid, args, consts, hints(num_warps, num_stages, pdl), x.device)
+    launch = compiled_launcher(_rmsnorm_kernel, grid, args, consts, options, x.device)
 
     def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
@@ -403,9 +408,8 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     grid, args = ((M + ROWS - 1) // ROWS,), (x, residual, weight, probe, M, x_stride, r_stride, eps_f)
     consts = _constexprs(M, N, BLOCK_N, ROWS, pdl, x_stride, r_stride,
                          rescue=rescue_mode(residual.dtype, BLOCK_N, ROWS, num_warps))
-    launch = compiled_launcher(_fused_add_rmsnorm_kernel, grid, args, consts,
-                               _capped(_fused_add_rmsnorm_kernel, grid, args, consts,
-                                       hints(num_warps, num_stages, pdl), x.device), x.device)
+    options = _capped(_fused_add_rmsnorm_kernel, grid, args, consts, hints(num_warps, num_stages, pdl), x.device)
+    launch = compiled_launcher(_fused_add_rmsnorm_kernel, grid, args, consts, options, x.device)
 
     def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
