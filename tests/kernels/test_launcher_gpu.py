@@ -137,7 +137,7 @@ def test_compiled_registers_reads_the_binary_a_launch_runs() -> None:
     free = compiled_registers(tk._rmsnorm_kernel, (M,), args, consts, hints(num_warps=8), x.device)
     capped = compiled_registers(tk._rmsnorm_kernel, (M,), args, consts, {**hints(num_warps=8), "maxnreg": 32},
                                 x.device)
-    assert 0 < capped <= 32 and free >= capped
+    assert free > 0 and 0 < capped <= 32
     cap = tk._occupancy_cap(free, 8)
     options = tk._capped(tk._rmsnorm_kernel, (M,), args, {**consts, "RESCUE": tk.RESCUE_AFTER.value},
                          hints(num_warps=8), x.device)
