@@ -64,8 +64,7 @@ def counts(kernel: Any) -> tuple[int, int]:
 
 def occupancy(regs: int, warps: int) -> int:
     """Warps a multiprocessor holds by registers alone."""
-    per_warp = -(-regs * 32 // 256) * 256
-    return min(65536 // (per_warp * warps), 32, 64 // warps) * warps
+    return installed_module._blocks_per_sm(regs, warps) * warps
 
 
 def main() -> None:

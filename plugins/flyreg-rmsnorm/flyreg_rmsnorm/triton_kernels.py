@@ -282,8 +282,9 @@ def _fused_add_rmsnorm_kernel(
                 _rescue(R, W, Y, M, stride_r, eps, _first_row(ROWS, OFF64), N, BLOCK_N, ROWS, R_DENSE)
 
 
-#: Hopper's registers a SM, warps a SM and blocks a SM.
+#: Hopper's registers a SM, warps a SM and blocks a SM; Triton's warps a program when a config sets none.
 _SM_REGS, _SM_WARPS, _SM_BLOCKS = 65536, 64, 32
+_DEFAULT_WARPS = 4
 
 
 def _blocks_per_sm(regs: int, warps: int) -> int:
@@ -307,7 +308,7 @@ def rescue_mode(dtype: torch.dtype, BLOCK_N: int, ROWS: int, num_warps: int | No
     ``RESCUE_AFTER`` elsewhere. Every mode gives the same answers; the choice only moves the cost."""
     if dtype == torch.float16:
         return NO_RESCUE.value
-    warps = 4 if num_warps is None else num_warps
+    warps = _DEFAULT_WARPS if num_warps is None else num_warps
     spread = ROWS > 1 and warps > 1 and BLOCK_N < warps * 32 * (_VECTOR_BYTES // dtype.itemsize)
     return (RESCUE_IN_SUM if spread else RESCUE_AFTER).value
 
@@ -322,7 +323,7 @@ def _capped(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], consts: d
             or interpreted()):
         return options
     base = compiled_registers(kernel, grid, args, {**consts, "RESCUE": NO_RESCUE.value}, options, device)
-    cap = _occupancy_cap(base, options.get("num_warps", 4))
+    cap = _occupancy_cap(base, options.get("num_warps", _DEFAULT_WARPS))
     return {**options, "maxnreg": min(cap, options.get("maxnreg") or cap)}
 
 

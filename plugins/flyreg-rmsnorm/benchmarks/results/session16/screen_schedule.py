@@ -27,28 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the benchmarks f
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session14"))
 
 import triton  # noqa: E402
+from flyreg_rmsnorm.triton_kernels import _blocks_per_sm as blocks_per_sm  # noqa: E402
+from flyreg_rmsnorm.triton_kernels import _occupancy_cap as occupancy_cap  # noqa: E402
 from screen_maxnreg import assemble, ptx_of, screen_served  # noqa: E402
 
 
 #: session 15's floor of the pin (``_FREE_REGS`` in rescue_pinned.patch).
 PIN_FLOOR = 32
-#: Hopper's registers a SM, the most a thread may take, warps a SM, and blocks a SM.
-SM_REGS, THREAD_REGS, SM_WARPS, SM_BLOCKS = 65536, 255, 64, 32
-
 #: One SASS instruction, without its predicate (``@!P0``).
 INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[0-9T]\s+)?(.*?)\s*;", re.M)
-
-
-def blocks_per_sm(regs: int, warps: int) -> int:
-    """Blocks of ``warps`` warps a SM holds at ``regs`` registers a thread (allocated 8 at a time), shared memory
-    aside."""
-    per_block = -(-regs // 8) * 8 * 32 * warps
-    return min(SM_REGS // per_block, SM_WARPS // warps, SM_BLOCKS)
-
-
-def occupancy_cap(regs: int, warps: int) -> int:
-    """The most registers a thread may take while a SM still holds as many blocks as at ``regs``."""
-    return max(r for r in range(regs, THREAD_REGS + 1) if blocks_per_sm(r, warps) == blocks_per_sm(regs, warps))
 
 
 def common_path(sass: str) -> list[str]:
