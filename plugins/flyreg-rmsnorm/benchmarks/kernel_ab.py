@@ -13,7 +13,9 @@ is the same ratio for two launchers of the before kernel, the noise of the cell 
 
 ``--after-configs DIR`` (artifacts written by ``flyreg tune --out DIR`` over the after kernels) times best
 against best: where DIR holds an artifact of the cell's op and spec, after runs that config, and the bitwise
-check is skipped when it differs from before's (``identical`` is then null).
+check is skipped when it differs from before's (``identical`` is then null). ``flyreg tune`` also writes
+its winners into the scratch cache, which lookup serves before a shipped artifact: run with an empty
+``FLYREG_CACHE_DIR`` for before to get the shipped config (``source`` in the rows says which it got).
 """
 
 from __future__ import annotations
