@@ -7,6 +7,7 @@ with the bind as landed (a ``RESCUE_AFTER`` config compiles the rescue-free kern
 
 from __future__ import annotations
 
+import runpy
 import sys
 import time
 from typing import Any
@@ -25,11 +26,10 @@ def main() -> None:
         triton_kernels._capped = uncapped
     if args and args[0] == "--":
         args = args[1:]
-    from flyreg._cli.main import main as cli
-
+    sys.argv = ["flyreg", "tune", *args]
     start = time.perf_counter()
     try:
-        cli(["tune", *args])
+        runpy.run_module("flyreg", run_name="__main__")  # `python -m flyreg tune ...`, in this process
     finally:
         print(f"wall {time.perf_counter() - start:.2f} s", file=sys.stderr)
 
