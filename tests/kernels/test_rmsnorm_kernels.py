@@ -745,8 +745,8 @@ def test_overflowing_sum_of_squares_matches_the_float64_reference(backend: Backe
     if backend.name == "cpu" and block_n != 64:
         pytest.skip("the CPU path has no BLOCK_N")
     M, huge = 9, [0, 2, 4]  # 9 rows: the last tile of 2 or 4 rows is masked
-    rows = overflowing_rows(M, N, huge, dtype, seed=11)
-    x = torch.zeros(M, row_stride, dtype=dtype)[:, :N].copy_(rows).to(backend.device)
+    values = overflowing_rows(M, N, huge, dtype, seed=11)
+    x = torch.zeros(M, row_stride, dtype=dtype)[:, :N].copy_(values).to(backend.device)
     if backend.name == "triton":  # one-row and several-row tiles, a tile with no overflowing row among them;
         # (2, 2) spreads its rows over warps (RESCUE_IN_SUM), the others test after the stores (RESCUE_AFTER)
         configs = [Config({"BLOCK_N": block_n, "ROWS": rows}, num_warps=w) for rows, w in ((1, 1), (2, 2), (4, 1))]

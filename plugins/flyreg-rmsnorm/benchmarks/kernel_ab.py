@@ -56,13 +56,17 @@ def binder(module: ModuleType, op: str, config: Any) -> Any:
     return lambda *args: bind(*args, EPS, **config.kwargs, **config.hints)
 
 
+def spec_key(spec: dict[str, Any]) -> str:
+    """``spec`` as sorted JSON without the device name: the same on every machine."""
+    return json.dumps({k: v for k, v in spec.items() if k != "device_name"}, sort_keys=True)
+
+
 def tuned_configs(directory: str | None) -> dict[tuple[str, str], flyreg.Config]:
-    """The configs of the artifacts in ``directory``, by (op, spec as sorted JSON without the device name)."""
+    """The configs of the artifacts in ``directory``, by (op, :func:`spec_key`)."""
     out: dict[tuple[str, str], flyreg.Config] = {}
     for path in sorted(Path(directory).glob("*.json")) if directory else []:
         a = json.loads(path.read_text())
-        spec = {k: v for k, v in a["spec"].items() if k != "device_name"}
-        out[(a["op"], json.dumps(spec, sort_keys=True))] = flyreg.Config(a["config"]["kwargs"], **a["config"]["hints"])
+        out[(a["op"], spec_key(a["spec"]))] = flyreg.Config(a["config"]["kwargs"], **a["config"]["hints"])
     return out
 
 
@@ -73,8 +77,7 @@ def measure_cell(before: ModuleType, after: ModuleType, op: str, M: int, N: int,
     rs = [torch.randn_like(x) for x in xs] if fused else []
     args = [(x, r, w) if fused else (x, w) for x, r in zip(xs, rs or xs)]
     res = flyreg.resolve(op, *args[0], EPS)
-    spec = json.dumps({k: v for k, v in res.spec.items() if k != "device_name"}, sort_keys=True)
-    after_config = (tuned or {}).get((op, spec), res.config)
+    after_config = (tuned or {}).get((op, spec_key(res.spec)), res.config)
     configs = {"before": res.config, "after": after_config, "before2": res.config}
     row: dict[str, Any] = {"op": op, "M": M, "N": N, "dtype": str(dtype).removeprefix("torch."),
                            "config": repr(res.config), "source": res.origin}

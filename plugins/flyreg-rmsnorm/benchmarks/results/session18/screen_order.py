@@ -26,11 +26,15 @@ from kernel_ab import load_kernels  # noqa: E402
 from screen_maxnreg import assemble, ptx_of  # noqa: E402
 from screen_schedule import common_path  # noqa: E402
 
-CONFIGS = [("rmsnorm", "bfloat16", 256, 3072, 4096, 1, 8, None), ("rmsnorm", "bfloat16", 256, 16384, 16384, 1, 16, None),
-           ("rmsnorm", "bfloat16", 32, 8192, 8192, 1, 16, None), ("fused_add_rmsnorm", "float32", 1, 3072, 4096, 1, 8, None),
-           ("fused_add_rmsnorm", "float32", 1, 2048, 2048, 1, 8, None),
-           ("fused_add_rmsnorm", "float32", 256, 5120, 8192, 1, 8, None),
-           ("fused_add_rmsnorm", "bfloat16", 1, 5120, 8192, 1, 8, None)]
+CONFIGS = [  # (op, dtype, M, N, BLOCK_N, ROWS, num_warps, num_stages) as served
+    ("rmsnorm", "bfloat16", 256, 3072, 4096, 1, 8, None),
+    ("rmsnorm", "bfloat16", 256, 16384, 16384, 1, 16, None),
+    ("rmsnorm", "bfloat16", 32, 8192, 8192, 1, 16, None),
+    ("fused_add_rmsnorm", "float32", 1, 3072, 4096, 1, 8, None),
+    ("fused_add_rmsnorm", "float32", 1, 2048, 2048, 1, 8, None),
+    ("fused_add_rmsnorm", "float32", 256, 5120, 8192, 1, 8, None),
+    ("fused_add_rmsnorm", "bfloat16", 1, 5120, 8192, 1, 8, None),
+]
 
 
 def opcodes(path: list[str]) -> list[str]:
