@@ -1,7 +1,7 @@
 """The fused-MoE GEMM kernels compile for the H200's target (sm_90a) with each knob, without a GPU.
 
 The CPU suite runs the kernels in Triton's interpreter, which does not compile them: it once passed a
-tail-tile path that Triton's compiler refused. ``benchmarks/moe_kernel_regs.py`` compiles a tile's two
+tail-tile path that Triton's compiler refused. ``bench/moe_kernel_regs.py`` compiles a tile's two
 GEMM binaries with and without a variant's knobs, in a process without ``TRITON_INTERPRET``.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "moe_kernel_regs.py"
+SCRIPT = "flyreg_moe_bench.moe_kernel_regs"
 #: The H200's shared memory a block may use.
 SMEM_LIMIT = 227 * 1024
 
@@ -36,7 +36,7 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
     pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the conftest sets it without a GPU
     out = tmp_path / "regs.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--tile", tile, "--variant", variant, "--json", str(out)],
+    done = subprocess.run([sys.executable, "-m", SCRIPT, "--tile", tile, "--variant", variant, "--json", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(out.read_text(encoding="utf-8"))

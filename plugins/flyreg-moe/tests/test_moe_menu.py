@@ -1,19 +1,14 @@
-"""The default's menu (``benchmarks/moe_menu.py``): which configs it times for a spec, on the CPU."""
+"""The default's menu (``bench/moe_menu.py``): which configs it times for a spec, on the CPU."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import moe_menu  # noqa: E402
-
-from flyreg_moe import space  # noqa: E402
-from flyreg_moe.ops import MODEL_SHAPES  # noqa: E402
+from flyreg_moe import space
+from flyreg_moe.ops import MODEL_SHAPES
+from flyreg_moe_bench import moe_menu
 
 
 def _spec(model: str, M: int) -> dict[str, int]:

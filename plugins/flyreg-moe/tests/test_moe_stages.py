@@ -1,17 +1,11 @@
-"""The stage breakdown (``benchmarks/moe_stages.py``): kernel names to stages, on the CPU."""
+"""The stage breakdown (``bench/moe_stages.py``): kernel names to stages, on the CPU."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import moe_stages  # noqa: E402
-
-from flyreg_moe import gemm_kernels, routing  # noqa: E402
+from flyreg_moe import gemm_kernels, routing
+from flyreg_moe_bench import moe_stages
 
 
 def test_every_stage_names_a_kernel_of_the_op() -> None:

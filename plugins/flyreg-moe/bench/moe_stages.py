@@ -8,7 +8,7 @@ cuBLAS (``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N
 timed as ``moe_bench.py`` times (CUDA-graph replays). ``call_ms`` is the whole call timed the same way,
 so ``call_ms`` minus the kernels' sum is what launching them costs inside a graph.
 
-    python plugins/flyreg-moe/benchmarks/moe_stages.py [--shapes NAME ...] [--M 1 2 ...] [--calls 20]
+    python plugins/flyreg-moe/bench/moe_stages.py [--shapes NAME ...] [--M 1 2 ...] [--calls 20]
         --json stages.json
 """
 
@@ -27,7 +27,7 @@ import flyreg
 from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from moe_bench import time_ms  # this script's folder is on sys.path
+from flyreg_moe_bench.moe_bench import time_ms
 
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
 STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",

@@ -9,7 +9,7 @@ before any cell), and timed in ``--rounds`` rounds of rotating order as
 ``moe_bench.py`` times (CUDA-graph replays, median). The table gives each variant's time over its
 base's (below 1: the knob is faster) and, as the run's noise, the rounds' spread of the base.
 
-    python plugins/flyreg-moe/benchmarks/moe_knob_ab.py --set TMA=true [--shapes NAME ...] [--M 1 2 ...]
+    python plugins/flyreg-moe/bench/moe_knob_ab.py --set TMA=true [--shapes NAME ...] [--M 1 2 ...]
         [--rounds 4] --json ab.json
 """
 
@@ -28,7 +28,7 @@ from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from moe_bench import rel_err, timed_in_rounds  # this script's folder is on sys.path
+from flyreg_moe_bench.moe_bench import rel_err, timed_in_rounds
 
 
 def knob(text: str) -> tuple[str, Any]:

@@ -6,7 +6,7 @@ ways; the default with SiLU-and-mul as a kernel of its own (GEMM 1 over all 2N c
 first (the wall time is printed), then timed one at a time as ``moe_bench.py`` times (CUDA graph
 replays). Rows go to ``--json``.
 
-    python plugins/flyreg-moe/benchmarks/moe_variants.py [--sample 12] [--json variants.json]
+    python plugins/flyreg-moe/bench/moe_variants.py [--sample 12] [--json variants.json]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from moe_bench import rel_err, time_ms  # this script's folder is on sys.path
+from flyreg_moe_bench.moe_bench import rel_err, time_ms
 
 PROBES = {"Mixtral-8x7B": (1, 1024, 8192), "Qwen3-30B-A3B": (1, 64, 1024), "DeepSeek-V2-Lite": (16,),
           "gpt-oss-20b": (1, 4096)}

@@ -8,7 +8,7 @@ winners are then timed side by side, as ``moe_bench.py`` times (CUDA graph repla
 ``--rounds`` alternating pairs: regret = local winner's time / exhaustive winner's time - 1
 (median over the pairs). The searches' wall times include binding (compiles) and the final round.
 
-    python plugins/flyreg-moe/benchmarks/moe_regret.py --out DIR [--budget 2] [--json regret.json] [--only MODEL:M]
+    python plugins/flyreg-moe/bench/moe_regret.py --out DIR [--budget 2] [--json regret.json] [--only MODEL:M]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import flyreg
 from flyreg_moe import triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from moe_bench import time_ms  # this script's folder is on sys.path
+from flyreg_moe_bench.moe_bench import time_ms
 
 #: (model, M): spaces of 122 to 244 configs, so the exhaustive search stays affordable.
 SPECS = [("Mixtral-8x7B", 1), ("Mixtral-8x7B", 2), ("Qwen3-30B-A3B", 1), ("DeepSeek-V2-Lite", 1),

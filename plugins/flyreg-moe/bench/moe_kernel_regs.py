@@ -8,10 +8,10 @@ with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``SLOT_H``, ``BLOCK_N_DOWN=256
 the ``ptxas -v`` Triton itself uses then gives the registers and spill bytes (the counts a device reports
 for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
 
-    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --served [--variant TMA] --json regs.json
-    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
-    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --tile 128,128,64,8,4,2880,2880 --variant TMA --json regs.json
-    python plugins/flyreg-moe/benchmarks/moe_kernel_regs.py --routing --json regs.json
+    python plugins/flyreg-moe/bench/moe_kernel_regs.py --served [--variant TMA] --json regs.json
+    python plugins/flyreg-moe/bench/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
+    python plugins/flyreg-moe/bench/moe_kernel_regs.py --tile 128,128,64,8,4,2880,2880 --variant TMA --json regs.json
+    python plugins/flyreg-moe/bench/moe_kernel_regs.py --routing --json regs.json
 """
 
 from __future__ import annotations

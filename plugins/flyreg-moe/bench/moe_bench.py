@@ -21,7 +21,7 @@ DRAM; x and the routing stay in L2 for every implementation alike. An implementa
 captured is timed with events around eager calls (``flyreg.do_bench``, L2 flushed), and the output
 says so.
 
-    python plugins/flyreg-moe/benchmarks/moe_bench.py [--shapes NAME ...] [--M 1 2 ...] [--rounds 4] [--json out.json]
+    python plugins/flyreg-moe/bench/moe_bench.py [--shapes NAME ...] [--M 1 2 ...] [--rounds 4] [--json out.json]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ BLOCK_M rows, and its last tile computes BLOCK_M rows, or with ``TAILS=t`` the s
 BLOCK_M >> t, ..., BLOCK_M that covers what is left. Printed: real pairs over computed rows, the
 mean over the routings. It counts rows, not time: a tail tile still reads a whole weight tile.
 
-    python plugins/flyreg-moe/benchmarks/moe_padding.py [--M 256 512 1024 2048 4096] [--seeds 8]
+    python plugins/flyreg-moe/bench/moe_padding.py [--M 256 512 1024 2048 4096] [--seeds 8]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and the config lookup serves. ``--knobs`` times each menu tile again with each g
 (``--knobs TMA=true TMA=true,TAILS=2``), where the spec's space offers it (a set the space never
 offers, such as ``TMA=false``, adds nothing).
 
-    python plugins/flyreg-moe/benchmarks/moe_menu.py [--shapes NAME ...] [--M 1 2 ...] [--knobs SET ...]
+    python plugins/flyreg-moe/bench/moe_menu.py [--shapes NAME ...] [--M 1 2 ...] [--knobs SET ...]
         --json menu.json
 """
 
@@ -27,8 +27,8 @@ from flyreg.plugin import Config
 from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from moe_bench import timed_in_rounds  # this script's folder is on sys.path
-from moe_knob_ab import check_knob, knob
+from flyreg_moe_bench.moe_bench import timed_in_rounds
+from flyreg_moe_bench.moe_knob_ab import check_knob, knob
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M): the tiles that won somewhere on the H200
 #: (the last four: session 13's winners at 32 and 64 rows an expert, with tails).
