@@ -1,6 +1,6 @@
 """Two ``rmsnorm_bandwidth.py`` grids of one device run, before and after a change, cell by cell.
 
-    python benchmarks/bandwidth_compare.py before.json after.json [--band 0.01] [--json out.json]
+    python plugins/flyreg-rmsnorm/bench/bandwidth_compare.py before.json after.json [--band 0.01] [--json out.json]
 
 Each cell's flyreg ratio is after / before of its time per call. Torch eager, torch.compile and
 Liger run the same code in both grids, so their ratios in a cell show how far that cell moved by

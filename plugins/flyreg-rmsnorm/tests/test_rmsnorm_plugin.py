@@ -8,8 +8,11 @@ import pytest
 import torch
 
 import flyreg
+from flyreg_rmsnorm import ops
 
-from installed import plugin as installed_plugin
+
+def installed_plugin(op: str):
+    return getattr(ops, op)  # the object this distribution's entry point names
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

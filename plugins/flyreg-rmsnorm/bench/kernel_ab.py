@@ -1,6 +1,6 @@
 """Two versions of the plugin's Triton kernels, A/B on the served configs, in one run on a GPU.
 
-    python benchmarks/kernel_ab.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--ops rmsnorm fused_add_rmsnorm]
+    python plugins/flyreg-rmsnorm/bench/kernel_ab.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--ops rmsnorm fused_add_rmsnorm]
         [--dtype bfloat16 float32] [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--rounds 4] [--json out.json]
         [--after-configs DIR]
 
@@ -34,7 +34,7 @@ import torch
 import flyreg
 from flyreg_rmsnorm import triton_kernels as installed_module
 
-from rmsnorm_bandwidth import EPS, GRID_M, GRID_N, paired_ratios, replay_calls, rotating_inputs, steady_ms
+from flyreg_rmsnorm_bench.rmsnorm_bandwidth import EPS, GRID_M, GRID_N, paired_ratios, replay_calls, rotating_inputs, steady_ms
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -20,9 +20,9 @@ Each input set has its own copy of the weight, as each layer of a model has its 
 its weight in DRAM, not in the L2 where the call before it left it, as a search also times it
 (``--shared-weight``: one weight for every call). On the H200 a shared weight makes configs of few
 warps per program read up to 7 % faster at 4096 x 1536 and 2048 and leaves wide-warp configs as
-they are, so the two orders differ (``benchmarks/weight_residency.py``).
+they are, so the two orders differ (``bench/weight_residency.py``).
 
-    python benchmarks/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--repeat K] [--shared-weight]
+    python plugins/flyreg-rmsnorm/bench/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--repeat K] [--shared-weight]
         [--json out.json]
 
 A peer within ``--recheck`` (1 %) of flyreg is timed again against flyreg in ``--rounds`` (5)
@@ -44,7 +44,7 @@ import torch
 import flyreg
 from flyreg_rmsnorm.ops import rmsnorm as RMSNORM  # the op's plugin object, as its entry point names it
 
-from bandwidth_table import PEERS, best_peer  # this script's folder is on sys.path
+from flyreg_rmsnorm_bench.bandwidth_table import PEERS, best_peer
 
 GRID_N = (128, 512, 1024, 1536, 2048, 2880, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
 GRID_M = (1, 32, 256, 4096, 32768)

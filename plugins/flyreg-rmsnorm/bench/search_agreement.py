@@ -1,6 +1,6 @@
 """Does a search rank RMSNorm configs as the bandwidth benchmark does? Its regret, shape by shape.
 
-    python benchmarks/search_agreement.py [--shapes 4096x3584 4096x7168 ...] [--searches 2] [--tie-band 0.005]
+    python plugins/flyreg-rmsnorm/bench/search_agreement.py [--shapes 4096x3584 4096x7168 ...] [--searches 2] [--tie-band 0.005]
         [--shared-weight]
 
 For each bf16 shape it runs ``--searches`` forced searches of ``rmsnorm`` (the tuner as
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import (EPS, bound, call_bytes, main_on_cuda, replay_calls,  # noqa: E402
+from flyreg_rmsnorm_bench.rmsnorm_bandwidth import (EPS, bound, call_bytes, main_on_cuda, replay_calls,  # noqa: E402
                                rotating_inputs, steady_ms, weight_copies)
 
 SHAPES = ("4096x1536", "4096x2048", "4096x3584", "4096x7168", "4096x8192", "32768x1024", "256x8192")

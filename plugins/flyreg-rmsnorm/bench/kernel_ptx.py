@@ -1,6 +1,6 @@
 """The PTX of an RMSNorm plugin kernel for one config, compiled for a GPU target without a GPU.
 
-    python benchmarks/kernel_ptx.py --M 4096 --N 8192 --block-n 8192 [--rows 1] [--warps 8] [--stages N]
+    python plugins/flyreg-rmsnorm/bench/kernel_ptx.py --M 4096 --N 8192 --block-n 8192 [--rows 1] [--warps 8] [--stages N]
         [--dtype bfloat16] [--fused] [--no-pdl] [--arch 90] [--all] [--out k.ptx]
 
 Compiles ``_rmsnorm_kernel`` (``--fused``: ``_fused_add_rmsnorm_kernel``) with the constexprs a

@@ -1,21 +1,20 @@
-"""The plugin's benchmarks/kernel_ptx.py compiles the plugin's kernels for the H200's target without a GPU."""
+"""The plugin's bench/kernel_ptx.py compiles the plugin's kernels for the H200's target without a GPU."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "benchmarks" / "kernel_ptx.py"
+SCRIPT = "flyreg_rmsnorm_bench.kernel_ptx"
 
 
 def _ptx(*args: str) -> str:
     pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the conftest sets it without a GPU
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run([sys.executable, "-m", SCRIPT, *args], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

@@ -1,6 +1,6 @@
 """The docs' RMSNorm bandwidth table and its bar checks, from a ``rmsnorm_bandwidth.py --json`` file.
 
-    python benchmarks/bandwidth_table.py benchmarks/results/rmsnorm_bandwidth_bf16.json
+    python plugins/flyreg-rmsnorm/bench/bandwidth_table.py plugins/flyreg-rmsnorm/bench/results/rmsnorm_bandwidth_bf16.json
 
 Prints a Markdown table (TB/s, device time, % of the run's copy, the served config without
 programmatic dependent launch, the default, the peers, flyreg over the best peer) and, below it,

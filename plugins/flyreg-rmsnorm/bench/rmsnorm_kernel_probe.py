@@ -1,6 +1,6 @@
 """RMSNorm kernel variants against torch.compile, side by side, at the shapes that decide the bars.
 
-    python benchmarks/rmsnorm_kernel_probe.py [--shapes 32768x8192 4096x12288 ...] [--tiles] [--offsets]
+    python plugins/flyreg-rmsnorm/bench/rmsnorm_kernel_probe.py [--shapes 32768x8192 4096x12288 ...] [--tiles] [--offsets]
 
 For each bf16 shape it times, in steady state (``rmsnorm_bandwidth.steady_ms``: rotating input sets in one
 CUDA graph), the plugin's kernel over whole-row tiles (rows per program x warps) and chunked rows
@@ -43,8 +43,7 @@ import triton.language as tl
 
 from flyreg.triton import dependent_start, pdl_supported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
+from flyreg_rmsnorm_bench.rmsnorm_bandwidth import (EPS, call_bytes, copy_tbps, main_on_cuda, reference, rel_err, replay_calls,  # noqa: E402
                                rotating_inputs, steady_ms, weight_copies)
 
 SHAPES = ("32768x7168", "32768x8192", "32768x12288", "4096x8192", "4096x12288", "256x8192", "256x16384",

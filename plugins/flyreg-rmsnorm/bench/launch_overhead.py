@@ -5,7 +5,7 @@ microseconds, the host more), synchronized before and after; the time per call i
 over the calls. Runs alternate between paths, and each path reports the median of ``--runs``.
 Ratios are against (b), the bare Triton launch with the config flyreg serves for this shape.
 
-    python plugins/flyreg-rmsnorm/benchmarks/launch_overhead.py [--M 1] [--N 4096] [--dtype bfloat16] [--calls 20000] [--runs 5]
+    python plugins/flyreg-rmsnorm/bench/launch_overhead.py [--M 1] [--N 4096] [--dtype bfloat16] [--calls 20000] [--runs 5]
 
 Paths:
   (a)  flyreg.op("rmsnorm")(x, w), steady state (key resolved, launcher bound)
@@ -101,7 +101,7 @@ def paths(M: int, N: int, dtype_name: str) -> tuple[dict[str, Callable[[], Any]]
         "(d1) the custom op's default overload": lambda: custom(x, w),
         "(e)  torch.nn.functional.rms_norm": lambda: torch.nn.functional.rms_norm(x, (N,), w, EPS),
     }
-    from rmsnorm_bandwidth import reference, rel_err  # this script's folder is on sys.path when it runs
+    from flyreg_rmsnorm_bench.rmsnorm_bandwidth import reference, rel_err
 
     ref = reference(x, w, EPS)
     bad = {}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 
 import pytest
 import torch
 
-from installed import new_tuner, plugin as installed_plugin
+import flyreg
+from flyreg_rmsnorm import ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -16,8 +18,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def fresh_tuner(op: str):  # a new tuner: empty memory, same hooks
-    return new_tuner(op)
+def installed_plugin(op: str):
+    return getattr(ops, op)
+
+
+def fresh_tuner(op: str):
+    """A new tuner of ``op`` (nothing in memory), registered again as this distribution registers it."""
+    flyreg.unregister(op)
+    flyreg.register(installed_plugin(op), name=op, distribution="flyreg-rmsnorm",
+                    version=importlib.metadata.version("flyreg-rmsnorm"))
+    return flyreg.op(op)
 
 
 def inputs(op: str, M: int, N: int, dtype: torch.dtype) -> tuple:

@@ -1,6 +1,6 @@
 """Probe: why a search and the bandwidth benchmark time the same RMSNorm config differently.
 
-    python benchmarks/weight_residency.py
+    python plugins/flyreg-rmsnorm/bench/weight_residency.py
 
 Times configs four ways with the same replay: the benchmark's fresh inputs and one shared weight;
 the same with a weight copy per set; copies of one call as a search makes them (x and the weight
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmsnorm_bandwidth import (EPS, bound, call_bytes, main_on_cuda, replay_calls,  # noqa: E402
+from flyreg_rmsnorm_bench.rmsnorm_bandwidth import (EPS, bound, call_bytes, main_on_cuda, replay_calls,  # noqa: E402
                                rotating_inputs, steady_ms, weight_copies)
 
 CASES = {"4096x1536": [(2048, 1, 4), (2048, 4, 16), (2048, 2, 8)], "4096x2048": [(2048, 1, 4), (2048, 4, 16)],

@@ -2,9 +2,9 @@
 
 The figures behind the design choices in docs/performance.md, each sub-command one probe:
 
-    python benchmarks/rmsnorm_variants.py timing     # zero-flush vs read-flush vs steady state; kernel variants
-    python benchmarks/rmsnorm_variants.py launch     # host us per call of the launch paths, C launcher included
-    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/rmsnorm_variants.py compile serial|threads|async
+    python plugins/flyreg-rmsnorm/bench/rmsnorm_variants.py timing     # zero-flush vs read-flush vs steady state; kernel variants
+    python plugins/flyreg-rmsnorm/bench/rmsnorm_variants.py launch     # host us per call of the launch paths, C launcher included
+    TRITON_CACHE_DIR=$(mktemp -d) python plugins/flyreg-rmsnorm/bench/rmsnorm_variants.py compile serial|threads|async
 
 ``timing`` times, for bf16 shapes, the plugin's kernel over its whole-row configs, a persistent
 variant (a grid of 2 to 8 programs per SM looping over row tiles, 1 to 3 pipeline stages,
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from rmsnorm_bandwidth import (EPS, call_bytes, reference, rel_err, rotating_inputs,  # this script's folder is on sys.path
+from flyreg_rmsnorm_bench.rmsnorm_bandwidth import (EPS, call_bytes, reference, rel_err, rotating_inputs,
                                steady_ms)
 
 SHAPES = [(32768, 1024), (32768, 4096), (32768, 8192), (4096, 1024), (4096, 4096), (4096, 8192), (4096, 16384),

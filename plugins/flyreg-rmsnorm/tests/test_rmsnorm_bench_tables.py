@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "flyreg-rmsnorm" / "benchmarks"))
-
-import bandwidth_table  # noqa: E402
-import torch  # noqa: E402
-from rmsnorm_bandwidth import merged, paired_ratios, weight_copies  # noqa: E402
+from flyreg_rmsnorm_bench import bandwidth_table
+from flyreg_rmsnorm_bench.rmsnorm_bandwidth import merged, paired_ratios, weight_copies
 
 
 def _row(M: int, N: int, flyreg: float, default: float, compile_: float | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Registers, spills and occupancy of every config the shipped artifacts serve, for two versions of
 the kernels, compiled and loaded on this machine's GPU.
 
-    python benchmarks/kernel_registers.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--dtype ...]
+    python plugins/flyreg-rmsnorm/bench/kernel_registers.py --before OLD/triton_kernels.py [--after NEW/triton_kernels.py] [--dtype ...]
         [--workers 8] [--json out.json]
 
 Each distinct kernel of ``flyreg_rmsnorm/configs`` (op, dtype, constexprs and hints: 271 for the
@@ -28,8 +28,8 @@ import torch
 import flyreg_rmsnorm
 from flyreg_rmsnorm import triton_kernels as installed_module
 
-from kernel_ab import load_kernels
-from kernel_ptx import TYPES, compile_config
+from flyreg_rmsnorm_bench.kernel_ab import load_kernels
+from flyreg_rmsnorm_bench.kernel_ptx import TYPES, compile_config
 
 
 def served_configs(dtypes: list[str]) -> list[tuple[Any, ...]]:
