@@ -20,6 +20,7 @@ import platformdirs
 from flyreg._artifacts.names import ParsedName, artifact_filename, canonical_spec, parse_filename
 from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.decision import Decision
 from flyreg._core.fileio import UnreadableFile, read_bounded, warn_once, write_json_atomic
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.toolchain import Staleness, fingerprint, staleness
@@ -84,7 +85,8 @@ def index(directory: Path) -> dict[str, ParsedName]:
 # -- reading and writing --------------------------------------------------------------------------
 @attrs.frozen
 class Artifact:
-    """The parsed content of one artifact file (``spec`` canonical)."""
+    """The parsed content of one artifact file (``spec`` canonical); ``decision`` is why its search chose its
+    config (``provenance.decision``), None in an artifact written before flyreg recorded it."""
 
     path: Path
     op: str
@@ -92,6 +94,7 @@ class Artifact:
     device: DeviceIdentity
     config: Config
     provenance: dict[str, Any]
+    decision: Decision | None = None
 
     @property
     def filename(self) -> str:
@@ -132,9 +135,10 @@ def load_artifact(path: Path) -> Artifact:
     try:
         spec = canonical_spec(data["spec"], "'spec'")
         config = Config.from_json(data["config"])
+        decision = Decision.from_json(prov["decision"]) if prov.get("decision") is not None else None
     except (TypeError, ValueError) as e:
         raise ArtifactError(str(e)) from None
-    return Artifact(path, op, spec, DeviceIdentity(device["name"], device["arch"]), config, prov)
+    return Artifact(path, op, spec, DeviceIdentity(device["name"], device["arch"]), config, prov, decision)
 
 
 def _ms(value: float | None) -> float | None:
@@ -144,11 +148,12 @@ def _ms(value: float | None) -> float | None:
 def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentity, config: Config, op_version: str,
                   time_ms: float | None, default_ms: float | None,
                   out_dir: str | os.PathLike[str] | None = None,
-                  toolchain: Mapping[str, str] | None = None) -> Path:
+                  toolchain: Mapping[str, str] | None = None, decision: Decision | None = None) -> Path:
     """Write the artifact of ``config`` atomically into ``out_dir`` (default :func:`emit_dir`); returns its path.
 
     ``toolchain`` is the one the config was tuned with (default: this process's, :func:`fingerprint`
     of ``op_version``): a config tuned in another process on another machine records that one.
+    ``decision`` (why the search chose ``config``) is stored as ``provenance.decision`` when given.
 
     A malformed file already at that name (or one whose content is not what its name says) is
     moved aside to ``<name>.corrupt-<time>`` first, never overwritten; a well-formed artifact
@@ -166,7 +171,8 @@ def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentit
         "schema": SCHEMA, "op": op, "spec": spec, "device": device.to_json(), "config": config.to_json(),
         "provenance": {"toolchain": dict(toolchain) if toolchain is not None else fingerprint(op_version), "flyreg": __version__,
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "time_ms": _ms(time_ms), "default_ms": _ms(default_ms)},
+                       "time_ms": _ms(time_ms), "default_ms": _ms(default_ms),
+                       **({"decision": decision.to_json()} if decision is not None else {})},
     })
     listed = _index.get(directory)
     parsed = parse_filename(path.name)

@@ -140,7 +140,8 @@ def _accept(request: Request, ticket: Ticket, result: JobResult) -> bool:
     report = result.report
     try:
         path = emit_artifact(job.op, report.spec, result.ident, report.winner, result.toolchain.get("op", ""),
-                             report.winner_ms, report.default_ms, request.out_dir, toolchain=result.toolchain)
+                             report.winner_ms, report.default_ms, request.out_dir, toolchain=result.toolchain,
+                             decision=report.decision)
     except OSError as e:
         job.error = one_line(OSError(f"{job.op}: could not write the artifact of spec {report.spec} into "
                                      f"{str(request.out_dir)!r}: {type(e).__name__}: {e}"))

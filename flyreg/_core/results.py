@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.decision import Decision
 from flyreg._core.keys import DeviceIdentity
 
 
@@ -75,7 +76,8 @@ class Resolution:
 class TuneReport:
     """What a search did: the winner, its time and the default's, and every failure.
 
-    ``reused`` counts the results read from the tuning journal instead of timed in this search.
+    ``reused`` counts the results read from the tuning journal instead of timed in this search;
+    ``decision`` says why the winner was chosen (:class:`~flyreg._core.decision.Decision`).
     """
 
     op: str
@@ -88,6 +90,7 @@ class TuneReport:
     rejected: tuple[tuple[Config, str], ...]
     artifact: str | None = None
     reused: int = 0
+    decision: Decision | None = None
 
     @property
     def tried(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 
 import attrs
@@ -12,6 +13,7 @@ from flyreg._artifacts.store import emit_artifact, emit_dir
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, env_values
+from flyreg._core.peaks import Peak, known_peak, peak_of
 from flyreg._core.results import Resolution, TuneReport
 from flyreg._core.toolchain import current, fingerprint
 from flyreg._runtime.state import TunerState
@@ -77,10 +79,17 @@ def seeds(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity)
 
 def store(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity, pkey: str, report: TuneReport, *,
           emit: bool, out_dir: str | os.PathLike[str] | None = None) -> tuple[Resolution, OSError | None]:
-    """Store a search's winner in the scratch cache and, with ``emit``, write its artifact; see :func:`search`."""
+    """Store a search's winner in the scratch cache and, with ``emit``, write its artifact; see :func:`search`.
+
+    Both record the search's decision with the device peak it is judged against: measured where no
+    datasheet figure is known only when emitting (an online search never takes the device for it)."""
+    if report.decision is not None:
+        peak = tuning_peak(ident) if emit else known_peak(ident.name)
+        report = attrs.evolve(report, decision=attrs.evolve(report.decision, peak=peak))
     entry = {"spec": spec, "device": ident.to_json(), "toolchain": fingerprint(tuner.version),
              "env": dict(env_values(tuner.key_env)), "config": report.winner.to_json(),
              "time_ms": report.winner_ms, "default_ms": report.default_ms,
+             "decision": report.decision.to_json() if report.decision is not None else None,
              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:
         cache.store(tuner.name, pkey, entry)
@@ -90,7 +99,7 @@ def store(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity,
     if emit:
         try:
             artifact = str(emit_artifact(tuner.name, spec, ident, report.winner, tuner.version,
-                                         report.winner_ms, report.default_ms, out_dir))
+                                         report.winner_ms, report.default_ms, out_dir, decision=report.decision))
         except OSError as e:
             where = out_dir if out_dir is not None else emit_dir()
             error = OSError(f"could not write the artifact of spec {spec} into {os.fspath(where)!r}: "
@@ -98,6 +107,12 @@ def store(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity,
             error.__cause__ = e
     tuner.reports[pkey] = attrs.evolve(report, artifact=artifact)
     return Resolution(report.winner, "search", spec, "search", path=artifact), error
+
+
+@functools.cache
+def tuning_peak(ident: DeviceIdentity) -> Peak:
+    """The peak searches on ``ident`` are judged against: measured once a process where it is not known."""
+    return peak_of(ident)
 
 
 def machine(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Machine:

@@ -21,6 +21,7 @@ from flyreg._core.fileio import warn_once
 from flyreg._core.results import BenchResult, TunerStats
 from flyreg._search import journal
 from flyreg._search.bench import device_kind
+from flyreg._search.decide import knob_order
 from flyreg._search.graphs import CaptureError
 from flyreg._search.settings import SearchSettings
 
@@ -245,11 +246,13 @@ def result_of(m: journal.Measurement) -> BenchResult:
 
 def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[Config]:
     """The configs the final round re-times: up to :data:`FINALISTS` within :data:`FINAL_BAND` of the
-    fastest, fastest first, and the default where it was timed; none when that leaves one config."""
+    fastest, fastest first (equal times in :func:`~flyreg._search.decide.knob_order`), and the default where it was
+    timed; none when that leaves one config."""
     if len(timed) < 2:
         return []
     best = min(r.median for r in timed.values())
-    near = sorted((c for c, r in timed.items() if r.median <= best * (1 + FINAL_BAND)), key=lambda c: timed[c].median)
+    near = sorted((c for c, r in timed.items() if r.median <= best * (1 + FINAL_BAND)),
+                  key=lambda c: (timed[c].median, knob_order(c)))
     out = near[:FINALISTS]
     if default in timed and default not in out:
         out.append(default)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
-from flyreg._core.results import BenchResult, TuneError, TuneReport, TunerStats
+from flyreg._core.results import TuneError, TuneReport, TunerStats
 from flyreg._search.binding import Bind, Build, bind_all, compile_threads
 from flyreg._search.candidates import (
     FINAL_BAND,
@@ -16,29 +16,14 @@ from flyreg._search.candidates import (
     final_timing,
     finalists,
 )
+from flyreg._search.decide import decide
 from flyreg._search.in_process import Call, InPlace, evaluating
 from flyreg._search.journal import Machine
 from flyreg._search.settings import SearchSettings
 from flyreg._search.strategy import Budget, Exhaustive, choose
 
 __all__ = ["FINALISTS", "FINAL_BAND", "FINAL_SCALE", "Bind", "Build", "Call", "InPlace", "Machine", "bind_all",
-           "compile_threads", "final_timing", "finalists", "pick_winner", "run_search", "run_strategy"]
-
-
-def pick_winner(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_band: float) -> tuple[Config, float]:
-    """The fastest config; within ``tie_band`` of it, the default first, then the earliest.
-
-    The default also stays when its middle reps (p20 to p80) reach the fastest's: then this
-    measurement cannot tell the two apart (launch-bound kernels, a few microseconds, where
-    host and clock jitter exceed the differences between configs).
-    """
-    fastest = min((r for _, r in timed), key=lambda r: r.median)
-    best = fastest.median
-    for c, r in timed:
-        if c == default and (r.median <= best * (1 + tie_band) or r.p20 <= fastest.p80):
-            return c, r.median
-    near = [(c, r) for c, r in timed if r.median <= best * (1 + tie_band)]
-    return near[0][0], near[0][1].median
+           "compile_threads", "decide", "final_timing", "finalists", "run_search", "run_strategy"]
 
 
 def run_search(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call, candidates: list[Config],
@@ -94,10 +79,10 @@ def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, 
         raise TuneError(f"{op}: every config failed on spec {spec}:\n" + "\n".join(lines), tuple(failed),
                         tuple(rejected))
     # After a final round only its times rank: a config outside it kept a shorter, noisier time.
-    winner, winner_ms = pick_winner([t for t in timed if t[0] in final] if final else timed, default,
-                                    settings.tie_band)
+    winner, result, decision = decide([t for t in timed if t[0] in final] if final else timed, default,
+                                      settings.tie_band, evaluate.mode)
     default_ms = next((r.median for c, r in timed if c == default), None)
-    return TuneReport(op, spec, winner, winner_ms, default_ms, tuple(timed), tuple(failed), tuple(rejected),
-                      reused=evaluate.reused)
+    return TuneReport(op, spec, winner, result.median, default_ms, tuple(timed), tuple(failed), tuple(rejected),
+                      reused=evaluate.reused, decision=decision)
 
 
