@@ -31,7 +31,7 @@ from flyreg_moe_bench.moe_bench import timed_in_rounds
 from flyreg_moe_bench.moe_knob_ab import check_knob, knob
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, GROUP_M): the tiles that won somewhere on the H200
-#: (the last four: session 13's winners at 32 and 64 rows an expert, with tails).
+#: (the last four: the winners at 32 and 64 rows an expert once tails were offered).
 MENU = [(16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 3, 1), (32, 64, 128, 4, 4, 8), (32, 128, 64, 4, 4, 16),
         (32, 128, 64, 4, 3, 16), (64, 128, 64, 8, 4, 4), (64, 128, 64, 4, 5, 16), (64, 128, 64, 4, 4, 16),
         (64, 256, 64, 8, 3, 1), (64, 256, 64, 8, 4, 4), (128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8),

@@ -1,6 +1,6 @@
 """The fused-MoE table of docs/performance.md and the issue's target lines, from ``moe_bench.py``'s JSON.
 
-    python plugins/flyreg-moe/bench/moe_table.py plugins/flyreg-moe/bench/results/h200/bench.json
+    python plugins/flyreg-moe/bench/moe_table.py plugins/flyreg-moe/bench/results/moe_bench_bf16.json
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def compile_config(module: Any, op: str, dtype: str, M: int, N: int, block_n: in
     ``arch`` the way a launch on dense M x N rows of ``dtype`` binds it (the launch's constexprs, 16-byte
     aligned pointers as the JIT specializes them): the compiled kernel, its constexprs and its options."""
     ptr = TYPES[dtype]
-    # Kernels since session 17 take the launch's RESCUE mode; older ones (a --before file) have none.
+    # Kernels with the overflow rescue take the launch's RESCUE mode; older ones (a --before file) have none.
     rescue = ({"rescue": module.rescue_mode(getattr(torch, dtype), block_n, rows, warps)}
               if hasattr(module, "rescue_mode") else {})
     if op == "fused_add_rmsnorm":

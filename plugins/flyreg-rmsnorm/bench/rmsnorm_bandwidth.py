@@ -20,7 +20,7 @@ Each input set has its own copy of the weight, as each layer of a model has its 
 its weight in DRAM, not in the L2 where the call before it left it, as a search also times it
 (``--shared-weight``: one weight for every call). On the H200 a shared weight makes configs of few
 warps per program read up to 7 % faster at 4096 x 1536 and 2048 and leaves wide-warp configs as
-they are, so the two orders differ (``bench/weight_residency.py``).
+they are, so the two orders differ (``docs/decisions.md``, "The benchmark's weight").
 
     python plugins/flyreg-rmsnorm/bench/rmsnorm_bandwidth.py [--M 1 32 256 4096 32768] [--N 128 ... 16384] [--repeat K] [--shared-weight]
         [--json out.json]
