@@ -1,0 +1,313 @@
+"""A declared op: one object that says what an op is, from which flyreg derives its hooks.
+
+A :class:`Declaration` holds the call's signature (a torch schema), the key (the spec of a call), the
+config space and heuristic default, how to bind a config to a call (:func:`triton_op` derives
+that from a ``@triton.jit`` kernel, its grid and its arguments) and, optionally, a CPU fallback
+with its own knobs. :func:`declare` (or :func:`triton_op`) makes of it the plugin object an entry
+point names, a :class:`DeclaredOp`: it implements the four required hooks, ``describe`` and the
+optional ones declared, so the registry sees a plugin like any hand-written one.
+
+The backend follows the device: with a ``cpu`` fallback the spec gets a ``backend`` axis,
+``"triton"`` for a call on a CUDA tensor and ``"cpu"`` otherwise, and each backend has its own
+space. Without one, the kernel runs on every device (on the CPU, in Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from flyreg._core.config import Config, JSONScalar
+from flyreg._core.launch import Launch
+from flyreg._plugins.hookspecs import hookimpl
+from flyreg._plugins.record import Axis, OpRecord
+from flyreg._plugins.schema import parse_schema
+from flyreg._plugins.work import Work
+
+__all__ = ["BACKEND", "Declaration", "DeclaredOp", "declare", "triton_op"]
+
+Spec = dict[str, JSONScalar]
+Space = Sequence[Config] | Callable[[Spec], Sequence[Config]]
+Default = Config | Callable[[Spec], Config]
+
+
+def backend_on(device: str) -> str:
+    """The backend a call on ``device`` (``"cpu"`` or ``"cuda"``) runs: Triton on a GPU, the fallback elsewhere."""
+    return "triton" if device.startswith("cuda") else "cpu"
+
+
+#: The axis a declared op with a CPU fallback adds to its spec.
+BACKEND = Axis("backend", str, values=("triton", "cpu"), device_default=backend_on)
+
+
+def _default_value(text: str | None) -> Any:
+    """A torch schema default (``1e-06``, ``True``, ``None``) as the Python value."""
+    import ast
+
+    return inspect.Parameter.empty if text is None else ast.literal_eval(text)
+
+
+def _signature(schema: str) -> inspect.Signature:
+    params = [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY if a.kw_only else
+                                inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_default_value(a.default))
+              for a in parse_schema(schema).args]
+    return inspect.Signature(params)
+
+
+def _space(value: Space) -> Callable[[Spec], list[Config]]:
+    return (lambda spec: list(value(spec))) if callable(value) else (lambda spec: list(value))
+
+
+def _pick(value: Default) -> Callable[[Spec], Config]:
+    return value if callable(value) else (lambda spec: value)
+
+
+def _spec_value(value: Any) -> JSONScalar:
+    """A key's value as a spec holds it: a ``torch.dtype`` by its name (``"bfloat16"``)."""
+    name = type(value).__name__
+    return str(value).removeprefix("torch.") if name == "dtype" else value
+
+
+def _device_type(args: Sequence[Any]) -> str:
+    """The device type of the first tensor among ``args`` (``"cpu"`` without one)."""
+    return next((a.device.type for a in args if hasattr(a, "device") and hasattr(a, "dtype")), "cpu")
+
+
+def _takes(fn: Callable[..., Any]) -> Callable[[str], bool]:
+    """Whether ``fn`` takes a keyword of a given name (any, with ``**kwargs``)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return lambda name: True
+    names = {p.name for p in params}
+    return names.__contains__
+
+
+@attrs.frozen(kw_only=True)
+class Declaration:
+    """What an op is, in one place; :func:`declare` makes the plugin object of it.
+
+    ``schema``: the call, as a torch schema without the op's name (``"(Tensor x, float eps=1e-06) -> Tensor"``):
+    the argument names and defaults, and ``torch.ops.flyreg.<op>`` through :mod:`flyreg.torch`.
+    ``key(*args)``: the spec of a call, from its arguments (defaults filled in); a ``torch.dtype``
+    value stands for its name. ``axes``: the spec's typed axes (optional; a ``backend`` axis is added
+    for an op with a CPU fallback).
+    ``bind(*args, **knobs, **hints)``: the launcher of calls shaped like ``args`` (all of them,
+    defaults filled in), compiled once; it is called with a call's own positional arguments.
+    ``configs`` and ``default``: the space and heuristic config, each a value or a function of the spec.
+    ``cpu(*args, **knobs)``: a plain torch implementation run on the CPU, with its own ``cpu_configs``
+    and ``cpu_default`` (default: the first of them); it is the ``reference`` unless one is given.
+    ``workloads``: the specs ``flyreg tune`` tunes, by device type (``{"cuda": [...], "cpu": [...]}``) or a
+    function of the device, without the backend. ``make_inputs(spec, device)``: a call's arguments.
+    ``reference(*args)``: the plain result. ``work(spec)``: a :class:`~flyreg.plugin.Work`.
+    ``name`` names the op in the errors of its hooks. The rest are the :class:`OpRecord`'s fields.
+    """
+
+    schema: str
+    key: Callable[..., Mapping[str, Any]]
+    bind: Callable[..., Callable[..., Any]]
+    configs: Space
+    default: Default
+    axes: Sequence[Axis] = ()
+    cpu: Callable[..., Any] | None = None
+    cpu_configs: Space = (Config(),)
+    cpu_default: Default | None = None
+    workloads: Mapping[str, Sequence[Mapping[str, Any]]] | Callable[[str], Sequence[Mapping[str, Any]]] | None = None
+    make_inputs: Callable[[Spec, str], Sequence[Any]] | None = None
+    reference: Callable[..., Any] | None = None
+    work: Callable[[Spec], Work | None] | None = None
+    name: str = ""
+    description: str = ""
+    version: str = "0"
+    output_like: str | None = None
+    torch_fake: Callable[..., Any] | None = None
+    structural: Sequence[str] | None = None
+    restore_value: Sequence[str] = ()
+    reset_to_zero: Sequence[str] = ()
+    config_dir: str | Path | None = None
+    key_env: Sequence[str] = ()
+    timing: str = "steady"
+    strategy: str | None = None
+
+    def record(self, arg_names: Sequence[str]) -> OpRecord:
+        axes = self.axes
+        if self.cpu is not None and axes:
+            axes = sorted((*axes, BACKEND), key=lambda a: a.name)
+        return OpRecord(
+            description=self.description, version=self.version, structural=self.structural, arg_names=arg_names,
+            restore_value=self.restore_value, reset_to_zero=self.reset_to_zero, axes=axes, config_dir=self.config_dir,
+            key_env=self.key_env, timing=self.timing, strategy=self.strategy, torch_schema=self.schema,
+            torch_fake=self.torch_fake, output_like=self.output_like)
+
+
+class DeclaredOp:
+    """The plugin object of a :class:`Declaration` (``.declaration``): the four required hooks and
+    ``describe``, derived from it, and each optional hook it declares."""
+
+    def __init__(self, declaration: Declaration) -> None:
+        d = self.declaration = declaration
+        self.name = d.name
+        self._sig = _signature(d.schema)
+        self._record = d.record(tuple(self._sig.parameters))
+        self._takes = _takes(d.bind)
+        cpu_default = d.cpu_default if d.cpu_default is not None else (lambda s: _space(d.cpu_configs)(s)[0])
+        self._spaces = {"triton": (_space(d.configs), _pick(d.default)),
+                        "cpu": (_space(d.cpu_configs), _pick(cpu_default))}
+        # Optional hooks exist only where declared: pluggy then sees the op implement exactly those.
+        if d.workloads is not None:
+            self.workloads = hookimpl(lambda device: self._workloads(device))
+        if d.make_inputs is not None:
+            self.make_inputs = hookimpl(lambda spec, device: (tuple(d.make_inputs(spec, device)), {}))
+        if d.reference is not None or d.cpu is not None:
+            self.reference = hookimpl(lambda args, kwargs: self._reference(args, kwargs))
+        if d.work is not None:
+            self.work = hookimpl(lambda spec: d.work(spec))
+
+    def __repr__(self) -> str:
+        return f"<declared op {self.name}: {self.declaration.schema}>"
+
+    # -- the call ------------------------------------------------------------------------------------------
+
+    def call_args(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The call's arguments, positional, defaults filled in; a TypeError naming the op and its signature."""
+        try:
+            bound = self._sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.name or 'called as'}{self._sig}: {e}") from None
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def spec_of(self, args: tuple[Any, ...]) -> Spec:
+        """The spec of a call's (positional, complete) arguments, its backend included."""
+        spec = {k: _spec_value(v) for k, v in self.declaration.key(*args).items()}
+        if self.declaration.cpu is not None:
+            spec["backend"] = backend_on(_device_type(args))
+        return spec
+
+    def _backend(self, spec: Mapping[str, Any]) -> str:
+        """The backend of ``spec``; a ValueError naming the axes a spec handed to a hook lacks."""
+        names = [a.name for a in self._record.axes]
+        missing = [a for a in names if a not in spec]
+        if missing:
+            raise ValueError(f"{self.name or 'the'} spec {dict(spec)} lacks axes {missing}; it needs {names}")
+        if self.declaration.cpu is None:
+            return "triton"
+        if spec.get("backend") not in BACKEND.values:
+            raise ValueError(f"{self.name or 'the'} spec 'backend' must be 'triton' or 'cpu', got {spec.get('backend')!r}")
+        return str(spec["backend"])
+
+    def _bound(self, knobs: Mapping[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+        names = self._sig.parameters
+        hints = {k: v for k, v in kwargs.items() if k not in names and self._takes(k)}
+        full = self.call_args(args, {k: v for k, v in kwargs.items() if k in names})
+        run = self.declaration.bind(*full, **knobs, **hints)
+        if not any(k in names for k in kwargs):
+            return run  # positional calls reach the launcher as they are
+        return lambda *a, **kw: run(*self.call_args(a, kw))
+
+    # -- the hooks -----------------------------------------------------------------------------------------
+
+    @hookimpl
+    def specialize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Spec:
+        return self.spec_of(self.call_args(args, kwargs))
+
+    @hookimpl
+    def build(self, config: Config, spec: Spec) -> Launch | Callable[..., Any]:
+        knobs = config.kwargs
+        if self._backend(spec) == "cpu":
+            return functools.partial(self.declaration.cpu, **knobs)  # type: ignore[arg-type]
+
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            call = {k: v for k, v in kwargs.items() if k in self._sig.parameters}
+            return self._bound(knobs, args, kwargs)(*self.call_args(args, call))
+
+        return Launch(launch, lambda args, kwargs: self._bound(knobs, args, kwargs))
+
+    @hookimpl
+    def configs(self, spec: Spec) -> list[Config]:
+        return self._spaces[self._backend(spec)][0](spec)
+
+    @hookimpl
+    def default(self, spec: Spec) -> Config:
+        return self._spaces[self._backend(spec)][1](spec)
+
+    @hookimpl
+    def describe(self) -> OpRecord:
+        return self._record
+
+    def _workloads(self, device: str) -> list[Spec]:
+        declared = self.declaration.workloads
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        specs = declared(device) if callable(declared) else declared.get(kind, ())  # type: ignore[union-attr]
+        extra = {"backend": backend_on(kind)} if self.declaration.cpu is not None else {}
+        return [{**spec, **extra} for spec in specs]
+
+    def _reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        full = self.call_args(args, kwargs)
+        d = self.declaration
+        if d.reference is not None:
+            return d.reference(*full)
+        spec = {**self.spec_of(full), "backend": "cpu"}
+        return d.cpu(*full, **self._spaces["cpu"][1](spec).kwargs)  # type: ignore[misc]
+
+
+def declare(**fields: Any) -> DeclaredOp:
+    """The plugin object of the op these :class:`Declaration` fields declare; name it in an entry point."""
+    return DeclaredOp(Declaration(**fields))
+
+
+def triton_op(kernel: Any, *, grid: Callable[[dict[str, Any]], tuple[int, ...]],
+              args: Callable[..., Sequence[Any]], output_like: str | None = None, **declared: Any) -> DeclaredOp:
+    """A declared op whose launch is ``kernel[grid](*args(...), **knobs, **hints)``, as ``@triton.autotune``'s.
+
+    ``args(*call_args, out)``: the kernel's runtime arguments (its constexprs are the config's knobs),
+    from the call's arguments and, with ``output_like``, the output allocated like that argument
+    (``torch.empty_like``), which the call returns. ``grid(meta)``: the launch grid from ``meta``, the
+    kernel's arguments by name plus the knobs. The kernel is compiled once per call signature
+    (:func:`flyreg.triton.compiled_launcher`). Every other argument is a :class:`Declaration` field.
+    """
+    names = _signature(declared["schema"]).parameters
+    out_at = list(names).index(output_like) if output_like is not None else None
+    return declare(bind=functools.partial(_bind_kernel, kernel, grid, args, out_at, len(names)),
+                   output_like=output_like, **declared)
+
+
+def _bind_kernel(kernel: Any, grid: Callable[[dict[str, Any]], tuple[int, ...]], kernel_args: Callable[..., Sequence[Any]],
+                 out_at: int | None, arity: int, *call: Any, **options: Any) -> Callable[..., Any]:
+    """The launcher of ``kernel`` for calls shaped like ``call`` (see :func:`triton_op`)."""
+    import torch
+
+    from flyreg.triton import compiled_launcher
+
+    hint_names = set(options) - set(kernel.arg_names)
+    knobs = {k: v for k, v in options.items() if k not in hint_names}
+    hints = {k: v for k, v in options.items() if k in hint_names}
+    like = call[out_at] if out_at is not None else None
+    outs = (torch.empty_like(like),) if like is not None else ()
+    example = tuple(kernel_args(*call, *outs))
+    size = grid({**dict(zip(kernel.arg_names, example)), **knobs})
+    defaults = call  # a later call may leave trailing arguments at the defaults the first one had
+    if 0 in size:
+        launch = None
+    else:
+        launch = compiled_launcher(kernel, tuple(size), example, knobs, hints, _device(example))
+
+    def run(*a: Any) -> Any:
+        if len(a) < arity:
+            a = (*a, *defaults[len(a):])
+        out = (torch.empty_like(a[out_at]),) if out_at is not None else ()
+        if launch is not None:
+            launch(*kernel_args(*a, *out))
+        return out[0] if out else None
+
+    return run
+
+
+def _device(args: Sequence[Any]) -> Any:
+    import torch
+
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
