@@ -70,7 +70,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     if from_record is not None and (specs or where):
         raise click.UsageError("--from-record tunes the record's specs; it takes no --spec or --where")
     check_op_names(names)
-    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh}
+    options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh, "retry_failed": force}
     if ray_address is not None:
         from flyreg._cli.ray_tune import Request, tune_on_ray
 

@@ -53,6 +53,21 @@ class IsolatedEvaluator(Evaluator):
     def _warm(self, ready: list[tuple[Config, Any]]) -> None:
         self._warm_next = bool(ready)
 
+    def _check(self, configs: list[Config]) -> set[Config]:
+        passed = set()
+        for config, _ in self._ready(configs, {}):
+            outcome = self.bench.measure(config, check=True, mode=self.mode)
+            measured: Measured | None = outcome.value
+            if outcome.error is not None or measured is None:
+                self._fail(config, str(outcome.error), self.mode)
+            elif measured.rejected:
+                self._reject(config, str(measured.error))
+            elif measured.error is not None:
+                self._fail(config, measured.error, self.mode)
+            else:
+                passed.add(config)
+        return passed
+
     def _time(self, config: Config, scale: int) -> BenchResult:
         fresh = self.bench.replaced != self._workers  # a new worker's device has idled while it started
         self._workers = self.bench.replaced

@@ -5,11 +5,17 @@ writers. A search asks it first for what is already measured for the same op, sp
 toolchain and timing method, and times only the rest: an interrupted tune run again re-times
 nothing. Reports and regret measurements read it. A corrupt or foreign file is moved aside with a
 warning and a new journal starts.
+
+Every row is validated as it is read (:class:`Measurement`'s validators, on texts read at most
+:data:`MAX_JSON_CHARS` and :data:`MAX_ERROR_CHARS` long): a row another program wrote, with a
+negative or text median, a nested config or a huge error text, is skipped with one warning per
+journal, and never ranks. A failure's text is cut to :data:`MAX_ERROR_CHARS` when it is written.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +25,7 @@ import attrs
 
 from flyreg._artifacts.cache import cache_dir
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.fileio import warn_once
 from flyreg._core.sqlite import Database, Schema
 
 DB_NAME = "flyreg-journal.sqlite3"
@@ -30,6 +37,15 @@ SCHEMA = Schema("tuning journal", 1, {"measurements": COLUMNS}, (
     "spread REAL, reps INTEGER, error TEXT, created REAL NOT NULL)",
     "CREATE INDEX IF NOT EXISTS measurements_key ON measurements (op, spec, device, toolchain, timing)",
 ))
+
+
+#: The longest failure text a row may hold (a failure's reason with its output's tail fits).
+MAX_ERROR_CHARS = 16384
+#: The longest JSON text (spec, config, device, toolchain) a row may hold.
+MAX_JSON_CHARS = 65536
+#: The columns read back, each text cut one past its limit so an over-long one is seen, never loaded whole.
+_READ = ", ".join([*(f"substr({c}, 1, {MAX_JSON_CHARS + 1})" if c in ("spec", "config", "device", "toolchain")
+                     else f"substr({c}, 1, {MAX_ERROR_CHARS + 1})" if c == "error" else c for c in COLUMNS)])
 
 
 def database() -> Path:
@@ -70,21 +86,64 @@ class Machine:
         return Context(op, spec, self.device, self.toolchain, timing)
 
 
+def _finite(minimum: float) -> Any:
+    """An attrs validator: None, or a finite real number (not a bool) >= ``minimum``."""
+
+    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < minimum:
+            raise ValueError(f"{attribute.name} must be a finite number >= {minimum:g}, got {value!r:.40}")
+
+    return check
+
+
+def _reps(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"reps must be an int >= 1, got {value!r:.40}")
+
+
+def _error(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_ERROR_CHARS):
+        raise ValueError(f"error must be a text of at most {MAX_ERROR_CHARS} characters")
+
+
+def _flat(what: str, value_types: tuple[type, ...]) -> Any:
+    """An attrs validator: a dict of str keys to values of ``value_types`` (JSON scalars: no nesting)."""
+
+    def check(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, value_types)
+                                                  for k, v in value.items()):
+            raise ValueError(f"{what} must be a flat JSON object of scalars")
+
+    return check
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
 @attrs.frozen
 class Measurement:
-    """One journal row: a config's median time and spread, or the reason it failed."""
+    """One journal row: a config's median time and spread, or the reason it failed (exactly one of them).
 
-    op: str
-    spec: dict[str, JSONScalar]
-    config: Config
-    device: dict[str, str]
-    toolchain: dict[str, str]
-    timing: str
-    median_ms: float | None
-    spread: float | None
-    reps: int | None
-    error: str | None
-    created: float
+    Validated when made: a row read back that breaks a rule is skipped (see the module's docstring)."""
+
+    op: str = attrs.field(validator=attrs.validators.instance_of(str))
+    spec: dict[str, JSONScalar] = attrs.field(validator=_flat("spec", _SCALARS))
+    config: Config = attrs.field(validator=attrs.validators.instance_of(Config))
+    device: dict[str, str] = attrs.field(validator=_flat("device", _SCALARS))
+    toolchain: dict[str, str] = attrs.field(validator=_flat("toolchain", _SCALARS))
+    timing: str = attrs.field(validator=attrs.validators.instance_of(str))
+    median_ms: float | None = attrs.field(validator=_finite(0.0))
+    spread: float | None = attrs.field(validator=_finite(0.0))
+    reps: int | None = attrs.field(validator=_reps)
+    error: str | None = attrs.field(validator=_error)
+    created: float = attrs.field(validator=_finite(0.0))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.median_ms is None) == (self.error is None):
+            raise ValueError("a row holds either a median (a measurement) or an error (a failure)")
 
     @property
     def failed(self) -> bool:
@@ -97,6 +156,7 @@ def record(ctx: Context, config: Config, median_ms: float | None = None, spread:
     if (median_ms is None) == (error is None):
         raise ValueError("record() takes either median_ms (a measurement) or error (a failure), not both or neither")
     op, spec, device, toolchain, timing = ctx.key()
+    error = _cut(error)
     with DB.write() as conn:
         conn.execute("INSERT INTO measurements (op, spec, config, device, toolchain, timing, median_ms, spread, reps, "
                      "error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -104,31 +164,55 @@ def record(ctx: Context, config: Config, median_ms: float | None = None, spread:
                       time.time()))
 
 
-def _row(r: tuple[Any, ...]) -> Measurement | None:
-    try:
-        return Measurement(r[1], json.loads(r[2]), Config.from_json(json.loads(r[3])), json.loads(r[4]),
-                           json.loads(r[5]), r[6], r[7], r[8], r[9], r[10], r[11])
-    except (TypeError, ValueError):  # a row written by hand: skipped, never fatal
-        return None
+def _cut(error: str | None) -> str | None:
+    """``error`` cut to :data:`MAX_ERROR_CHARS`, keeping its start and its end (where a captured output's tail is)."""
+    if error is None or len(error) <= MAX_ERROR_CHARS:
+        return error
+    half = MAX_ERROR_CHARS // 2 - 20
+    return f"{error[:half]} [... {len(error) - 2 * half} characters cut ...] {error[-half:]}"
+
+
+def _json(text: object, what: str) -> Any:
+    if not isinstance(text, str) or len(text) > MAX_JSON_CHARS:
+        raise ValueError(f"{what} must be a JSON text of at most {MAX_JSON_CHARS} characters")
+    return json.loads(text)
+
+
+def _row(r: tuple[Any, ...]) -> Measurement:
+    """The measurement of one row; ValueError, TypeError or RecursionError when it does not validate."""
+    return Measurement(r[1], _json(r[2], "spec"), Config.from_json(_json(r[3], "config")), _json(r[4], "device"),
+                       _json(r[5], "toolchain"), r[6], r[7], r[8], r[9], r[10], r[11])
+
+
+def _valid(rows: Iterable[tuple[Any, ...]]) -> list[Measurement]:
+    """The rows that validate, in order; those that do not are skipped with one warning per journal."""
+    out, bad, first = [], 0, ""
+    for r in rows:
+        try:
+            out.append(_row(r))
+        except (TypeError, ValueError, RecursionError) as e:  # written by another program: never fatal, never ranks
+            bad += 1
+            first = first or f"row {r[0]}: {type(e).__name__}: {str(e)[:200]}"
+    if bad:
+        path = database()
+        warn_once(f"flyreg: the tuning journal {path} holds rows that do not validate; they are skipped "
+                  f"({bad} here, the first: {first})", key=f"journal-invalid:{path}")
+    return out
+
+
+def _select(where: str, params: tuple[Any, ...] = ()) -> list[Measurement]:
+    return _valid(DB.read(f"SELECT {_READ} FROM measurements {where} ORDER BY id", params))
 
 
 def measured(ctx: Context) -> dict[Config, Measurement]:
     """The latest measurement of each config already journaled under ``ctx`` (one indexed query)."""
-    rows = DB.read(f"SELECT {', '.join(COLUMNS)} FROM measurements WHERE op = ? AND spec = ? AND device = ? AND "
-                   "toolchain = ? AND timing = ? ORDER BY id", ctx.key())
-    out: dict[Config, Measurement] = {}
-    for r in rows:
-        m = _row(r)
-        if m is not None:
-            out[m.config] = m
-    return out
+    rows = _select("WHERE op = ? AND spec = ? AND device = ? AND toolchain = ? AND timing = ?", ctx.key())
+    return {m.config: m for m in rows}
 
 
 def measurements(op: str | None = None) -> list[Measurement]:
     """Every journaled measurement (of ``op``), oldest first: what reports read."""
-    where, params = ("WHERE op = ?", (op,)) if op is not None else ("", ())
-    rows = DB.read(f"SELECT {', '.join(COLUMNS)} FROM measurements {where} ORDER BY id", params)
-    return [m for m in map(_row, rows) if m is not None]
+    return _select("WHERE op = ?", (op,)) if op is not None else _select("")
 
 
 def ops() -> set[str]:
@@ -143,9 +227,7 @@ def close() -> None:
 
 def of_spec(op: str, spec: Mapping[str, JSONScalar]) -> list[Measurement]:
     """Every journaled measurement of ``op`` on ``spec`` (any device, toolchain and timing), oldest first."""
-    rows = DB.read(f"SELECT {', '.join(COLUMNS)} FROM measurements WHERE op = ? AND spec = ? ORDER BY id",
-                   (op, _text(dict(spec))))
-    return [m for m in map(_row, rows) if m is not None]
+    return _select("WHERE op = ? AND spec = ?", (op, _text(dict(spec))))
 
 
 def last_id() -> int:
@@ -156,14 +238,13 @@ def last_id() -> int:
 
 def after(mark: int) -> list[Measurement]:
     """The measurements appended after the row ``mark`` (a :func:`last_id`), oldest first."""
-    rows = DB.read(f"SELECT {', '.join(COLUMNS)} FROM measurements WHERE id > ? ORDER BY id", (mark,))
-    return [m for m in map(_row, rows) if m is not None]
+    return _select("WHERE id > ?", (mark,))
 
 
 def append(rows: Iterable[Measurement]) -> None:
     """Append measurements taken elsewhere (another process's journal) as they are, in one transaction."""
     values = [(m.op, _text(m.spec), _text(m.config.to_json()), _text(m.device), _text(m.toolchain), m.timing,
-               m.median_ms, m.spread, m.reps, m.error, m.created) for m in rows]
+               m.median_ms, m.spread, m.reps, _cut(m.error), m.created) for m in rows]
     if not values:
         return
     with DB.write() as conn:

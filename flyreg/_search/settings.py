@@ -29,7 +29,9 @@ class SearchSettings:
     ``quick``, ``full``), ``budget_s`` (seconds one spec's search may take before its final round;
     None: no limit) and ``seed`` choose how much of the space is timed (:func:`~flyreg._search.strategy.choose`).
     ``resume`` reuses the tuning journal's measurements of the same op, spec, device, toolchain and
-    timing method instead of timing those configs again (``flyreg tune`` sets it).
+    timing method instead of timing those configs again (``flyreg tune`` sets it); with ``retry_failed``
+    (``flyreg tune --force``) only its timings are reused, and the configs it holds as failed or
+    rejected are tried again.
     Build one with :meth:`of`, which checks every field; :meth:`with_run` changes the run's fields.
     """
 
@@ -48,13 +50,15 @@ class SearchSettings:
     budget_s: float | None = None
     seed: int = 0
     resume: bool = False
+    retry_failed: bool = False
 
     @classmethod
     def of(cls, op: str, *, warmup: int = 5, rep: int = 20, tie_band: float = 0.005, timing: str = "steady",
            arg_names: Sequence[str] = (), restore_value: Iterable[str] = (), reset_to_zero: Iterable[str] = (),
            keyword_only: Iterable[str] = (), reference: Reference | None = None,
            compile_threads: int | None = None, strategy: str | None = None, effort: str = "auto",
-           budget_s: float | None = None, seed: int = 0, resume: bool = False) -> SearchSettings:
+           budget_s: float | None = None, seed: int = 0, resume: bool = False,
+           retry_failed: bool = False) -> SearchSettings:
         """Checked settings; ValueError or TypeError naming ``op`` and the bad argument.
 
         ``keyword_only`` are argument names a call can only pass by keyword, which
@@ -76,11 +80,11 @@ class SearchSettings:
         restore, zero = names_of(op, "restore_value", restore_value), names_of(op, "reset_to_zero", reset_to_zero)
         _check_in_place_names(op, restore, zero, names, tuple(keyword_only))
         return cls(op, warmup, rep, tie_band, timing, names, restore, zero, reference, compile_threads,
-                   *_run_fields(op, strategy, effort, budget_s, seed, resume))
+                   *_run_fields(op, strategy, effort, budget_s, seed, resume, retry_failed))
 
     def with_run(self, **changes: object) -> SearchSettings:
-        """These settings with the run's fields (``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``)
-        changed, checked as :meth:`of` checks them."""
+        """These settings with the run's fields (``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``,
+        ``retry_failed``) changed, checked as :meth:`of` checks them."""
         unknown = sorted(set(changes) - set(RUN_FIELDS))
         if unknown:
             raise TypeError(f"{self.op}: unknown search options {unknown}; known: {list(RUN_FIELDS)}")
@@ -89,11 +93,11 @@ class SearchSettings:
 
 
 #: The fields of one run of a search, which ``flyreg tune`` (or :meth:`Autotuner.tune`) may change per call.
-RUN_FIELDS = ("strategy", "effort", "budget_s", "seed", "resume")
+RUN_FIELDS = ("strategy", "effort", "budget_s", "seed", "resume", "retry_failed")
 
 
 def _run_fields(op: str, strategy: object, effort: object, budget_s: object, seed: object,
-                resume: object) -> tuple[str | None, str, float | None, int, bool]:
+                resume: object, retry_failed: object = False) -> tuple[str | None, str, float | None, int, bool, bool]:
     """The run's fields, checked; ValueError or TypeError naming ``op`` and the field."""
     if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"{op}: strategy must be one of {sorted(STRATEGIES)} or None, got {strategy!r}")
@@ -104,9 +108,11 @@ def _run_fields(op: str, strategy: object, effort: object, budget_s: object, see
         raise ValueError(f"{op}: budget_s must be a number of seconds > 0 or None, got {budget_s!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"{op}: seed must be an int, got {seed!r}")
-    if not isinstance(resume, bool):
-        raise TypeError(f"{op}: resume must be True or False, got {resume!r}")
-    return strategy, effort, None if budget_s is None else float(budget_s), seed, resume  # type: ignore[return-value]
+    for name, flag in (("resume", resume), ("retry_failed", retry_failed)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{op}: {name} must be True or False, got {flag!r}")
+    return (strategy, effort, None if budget_s is None else float(budget_s), seed,  # type: ignore[return-value]
+            resume, retry_failed)
 
 
 def names_of(op: str, what: str, value: Any) -> tuple[str, ...]:
