@@ -87,7 +87,8 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
                     try:
                         job.isolated = isolated(isolate, device, job)
                         tune = isolation.tune if job.isolated else _tune_one
-                        tune(job, device, out_dir, force, options)
+                        with bar.searching():
+                            tune(job, device, out_dir, force, options)
                     except KeyboardInterrupt:
                         raise
                     except Exception as e:  # one failing job never stops the others

@@ -13,11 +13,16 @@ from flyreg._core.keys import DeviceIdentity, identity_of
 
 
 class ProgressBar:
-    """The tune's progress bar (on stderr): the job last started or done, how many are done, times."""
+    """The tune's progress bar (on stderr), two levels: the job last started or done and how many are done,
+    and under it, while a job's search runs, how many of the configs it plans to time are measured.
+
+    It is the search's progress listener (:class:`flyreg._search.progress.Listener`) inside :meth:`searching`.
+    """
 
     def __init__(self, progress: Any, total: int) -> None:
         self.progress = progress
         self.task = progress.add_task("tuning", total=total)
+        self.configs = progress.add_task("  configs", total=None, visible=False)
 
     def show(self, op: str, spec: dict[str, Any]) -> None:
         """Name the job started last."""
@@ -26,6 +31,23 @@ class ProgressBar:
     def done(self, op: str, spec: dict[str, Any]) -> None:
         """Count one job done, and name it."""
         self.progress.update(self.task, description=f"{op} {spec_str(spec)}", advance=1)
+
+    @contextlib.contextmanager
+    def searching(self) -> Iterator[None]:
+        """While a job runs: the configs line counts its search's configs; hidden again after it."""
+        from flyreg._search.progress import listening
+
+        try:
+            with listening(self):
+                yield
+        finally:
+            self.progress.update(self.configs, visible=False)
+
+    def planned(self, configs: int) -> None:
+        self.progress.reset(self.configs, total=configs, completed=0, visible=True)
+
+    def measured(self, configs: int) -> None:
+        self.progress.advance(self.configs, configs)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,15 +23,16 @@ def compile_threads() -> int:
     return current().compile_threads
 
 
-def bind_all(op: str, cands: list[Config], build: Build, bind: Bind,
-             threads: int | None = None) -> dict[Config, Launcher | Exception]:
+def bind_all(op: str, cands: list[Config], build: Build, bind: Bind, threads: int | None = None,
+             deadline: float | None = None) -> dict[Config, Launcher | Exception]:
     """Every candidate's bound launcher (or the exception binding it raised), before any is timed.
 
     Builds run in order on this thread (the build cache counts each structural build once), then
     the first bind; the other binds, where backends compile, run on a thread pool so their
     compiles overlap (so ``bind`` must be thread-safe). A
     :class:`LaunchSignatureError` (the call is wrong, not a config) is raised. ``threads`` None
-    is :func:`compile_threads`.
+    is :func:`compile_threads`. Past ``deadline`` (a :func:`time.monotonic` instant) no build or
+    bind starts: those candidates are left out of the answer.
     """
     out: dict[Config, Launcher | Exception] = {}
     for config in cands:
@@ -38,22 +40,33 @@ def bind_all(op: str, cands: list[Config], build: Build, bind: Bind,
             build(config)
         except Exception as e:
             out[config] = e
-    todo = [c for c in cands if c not in out]
+    todo = [c for c in built if not late()]
 
-    def bind_one(config: Config) -> Launcher | Exception:
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    def bind_one(config: Config) -> Launcher | Exception | None:
+        if late():
+            return None
+    built = []
         try:
+        if late():
+            break
             return bind(config)
         except LaunchSignatureError:
+            built.append(config)
             raise
         except Exception as e:
             return e
 
     threads = min(threads if threads is not None else compile_threads(), len(todo))
     if threads <= 1:
-        out.update((c, bind_one(c)) for c in todo)
-        return out
-    # The first bind runs here, alone: a backend's first use of a kernel may set up caches unsafely.
-    out[todo[0]] = bind_one(todo[0])
-    with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{op}") as pool:
-        out.update(zip(todo[1:], pool.map(bind_one, todo[1:])))
+        results = [(c, bind_one(c)) for c in todo]
+    else:
+        # The first bind runs here, alone: a backend's first use of a kernel may set up caches unsafely.
+        results = [(todo[0], bind_one(todo[0]))]
+        with ThreadPoolExecutor(threads, thread_name_prefix=f"flyreg-bind-{op}") as pool:
+            results += zip(todo[1:], pool.map(bind_one, todo[1:]))
+    out.update((c, r) for c, r in results if r is not None)
     return out

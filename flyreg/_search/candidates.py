@@ -11,7 +11,8 @@ or in worker processes (:class:`flyreg._search.isolated.IsolatedEvaluator`).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -19,7 +20,7 @@ import attrs
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.results import BenchResult, TunerStats
-from flyreg._search import journal
+from flyreg._search import journal, progress
 from flyreg._search.bench import device_kind
 from flyreg._search.decide import knob_order
 from flyreg._search.graphs import CaptureError
@@ -35,6 +36,8 @@ FINAL_SCALE = 8
 
 #: The journal's error text of a config the correctness gate rejected starts with this.
 REJECTED = "rejected: "
+#: The most of a time budget (``budget_s``) a strategy leaves for the final round.
+FINAL_SHARE = 0.25
 
 
 class CandidateError(Exception):
@@ -74,7 +77,9 @@ class Evaluator:
 
     ``timed`` (config -> result, in the order measured or read), ``failed`` and ``rejected`` are
     the search's record; ``mode`` is the timing method (``cpu`` off CUDA). ``machine`` None
-    journals nothing. A subclass provides the steps :meth:`_ready`, :meth:`_time` and
+    journals nothing. Past ``deadline`` (a :func:`time.monotonic` instant, None: none), once a config
+    is timed, a batch's configs not yet timed are left out of its answer, and the final round is
+    skipped when it does not fit. A subclass provides the steps :meth:`_ready`, :meth:`_time` and
     :meth:`_warm`; an exception of a type in :attr:`fatal` ends the search instead of failing one config.
     """
 
@@ -91,6 +96,9 @@ class Evaluator:
         self._known: dict[str, dict[Config, journal.Measurement]] = {}
 
     def __call__(self, configs: Sequence[Config]) -> dict[Config, float | None]:
+        self.deadline: float | None = None
+        self._timing_s, self._timings = 0.0, 0  # seconds the first round's timings took, and how many
+        self._counted: set[Config] = set()  # configs the progress listener has heard of
         out: dict[Config, float | None] = {}
         known = self._journaled(self.mode)
         todo = []
@@ -104,9 +112,13 @@ class Evaluator:
         for i, (config, token) in enumerate(ready):
             try:
                 result = self._time(token, 1)
+        self._count(out)
             except CaptureError as e:  # every config is timed again the flushed way, this batch's rest too
                 self._fall_back(e)
+            if self.late():
+                break
                 redo = list(self.timed)
+                start = time.monotonic()
                 self.timed.clear()
                 out.update(self([*redo, *(c for c, _ in ready[i:])]))
                 return out
@@ -117,20 +129,43 @@ class Evaluator:
             except self.fatal:
                 raise
             except Exception as e:  # a failing candidate is skipped, never fatal
+                self._count([config])
                 self._fail(config, reason(e), self.mode)
                 out[config] = None
                 continue
             self.timed[config] = result
             self.stats.benchmarks += 1
             self._journal(self.mode, config, result)
+                self._count([config])
             out[config] = result.median
+            self._timing_s += time.monotonic() - start
+            self._timings += 1
         return out
 
     def final_round(self, default: Config | None) -> frozenset[Config]:
         """Time the finalists again over :data:`FINAL_SCALE` times the work (their final times replace
         the first); returns those that were. Journaled under :func:`final_timing`.
+            self._count([config])
 
         A :class:`CaptureError` leaves that finalist its first time, outside the final ranking; a
+    def late(self) -> bool:
+        """Past the deadline with a config timed: what is not yet timed is left for no one."""
+        return self.deadline is not None and bool(self.timed) and time.monotonic() >= self.deadline
+
+    def final_seconds(self, default: Config | None) -> float:
+        """About how long :meth:`final_round` would take now: each finalist timed over :data:`FINAL_SCALE` times
+        the work of a first-round timing (their mean seconds so far; 0 before any)."""
+        if not self._timings:
+            return 0.0
+        return len(finalists(self.timed, default)) * FINAL_SCALE * self._timing_s / self._timings
+
+    def _count(self, configs: Iterable[Config]) -> None:
+        """Tell the progress listener of the configs measured (or failed) that it has not heard of."""
+        new = [c for c in configs if c not in self._counted]
+        self._counted.update(new)
+        if new:
+            progress.measured(len(new))
+
         finalist that fails otherwise is dropped and reported: a config that fails on a re-run is not served.
         """
         timing = final_timing(self.mode)
@@ -138,9 +173,12 @@ class Evaluator:
         final: set[Config] = set()
         todo = []
         for config in finalists(self.timed, default):
+        if self.deadline is not None and time.monotonic() + self.final_seconds(default) > self.deadline:
+            return frozenset()  # it does not fit in the budget: the first round's times rank
             m = known.get(config)
             if m is None:
                 todo.append(config)
+        first = dict(self.timed)
             elif m.failed:
                 del self.timed[config]
                 self.failed.append((config, str(m.error)))
@@ -159,6 +197,9 @@ class Evaluator:
                 continue
             except self.fatal:
                 raise
+            if self.late():  # cut short: a partial round cannot rank, the first round's times do
+                self.timed.update((c, first[c]) for c in final)
+                return frozenset()
             except Exception as e:
                 del self.timed[config]
                 self._fail(config, reason(e), timing)

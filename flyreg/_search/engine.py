@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.results import TuneError, TuneReport, TunerStats
+from flyreg._search import progress
 from flyreg._search.binding import Bind, Build, bind_all, compile_threads
 from flyreg._search.candidates import (
     FINAL_BAND,
     FINAL_SCALE,
+    FINAL_SHARE,
     FINALISTS,
     Evaluator,
     final_timing,
@@ -50,14 +53,21 @@ def run_search(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call
     that would reject every correct config whenever the baseline is the wrong one. With no
     reference there is no ground truth, and nothing is rejected as wrong.
     """
+    started = time.monotonic()  # the budget counts the reference's run too
     with evaluating(settings, spec, call, build, bind, stats, machine) as evaluate:
-        return run_strategy(evaluate, settings, spec, candidates, default, seeds)
+        return run_strategy(evaluate, settings, spec, candidates, default, seeds, started=started)
 
 
 def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, JSONScalar], candidates: list[Config],
-                 default: Config | None, seeds: Callable[[], Sequence[Config]] = tuple) -> TuneReport:
+                 default: Config | None, seeds: Callable[[], Sequence[Config]] = tuple, *,
+                 started: float | None = None) -> TuneReport:
     """The settings' strategy over ``candidates`` (the default among them) through ``evaluate``, its final
-    round, and the report naming the winner; TuneError when there is no candidate or every one failed."""
+    round, and the report naming the winner; TuneError when there is no candidate or every one failed.
+
+    A time budget (``settings.budget_s``, counted from ``started``, default now) covers all of it: the
+    strategy stops in time to leave the final round its share (:data:`FINAL_SHARE`), a batch is cut
+    short at the deadline once a config is timed, and a final round that does not fit is skipped.
+    """
     op = settings.op
     cands = list(dict.fromkeys(candidates))
     if default is not None and default not in cands:
@@ -68,7 +78,13 @@ def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, 
     starts = [default] if default is not None else []
     if not isinstance(strategy, Exhaustive):
         starts += seeds()
-    strategy.run(cands, evaluate, Budget(cap, settings.budget_s, settings.seed), starts)
+    started = started if started is not None else time.monotonic()
+    budget_s = settings.budget_s
+    if budget_s is not None:
+        evaluate.deadline = started + budget_s
+    progress.planned(len(cands) if cap is None else min(cap, len(cands)))
+    strategy.run(cands, evaluate, Budget(cap, budget_s, settings.seed, started, reserve=lambda: min(
+        evaluate.final_seconds(default), FINAL_SHARE * (budget_s or 0.0))), starts)
     final = evaluate.final_round(default)
     timed, failed, rejected = list(evaluate.timed.items()), evaluate.failed, evaluate.rejected
     if timed:  # some configs are right: each wrong one is worth a warning (else the caller reports them all)

@@ -119,16 +119,20 @@ class InProcessEvaluator(Evaluator):
             return Measured(error=reason(e))
 
     def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Launcher]]:
-        """The launchers of ``todo`` that bind and pass the gate; each other config's None goes into ``out``."""
+        """The launchers of ``todo`` that bind and pass the gate; each other config's None goes into ``out``.
+        Past the deadline (once a config is timed) the configs not yet bound and gated are left out."""
         settings, own = self.settings, self.own
         new = [c for c in todo if c not in self.launchers]
-        bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads) if new else {}
+        deadline = self.deadline if self.timed else None
+        bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads, deadline) if new else {}
         ready = []
         for config in todo:
             launcher = self.launchers[config] if config in self.launchers else bound[config]
             try:
                 if isinstance(launcher, Exception):
                     raise launcher
+            if config not in self.launchers and (config not in bound or self.late()):
+                continue  # the deadline came first
                 if config not in self.launchers and self.gate.ref is not None:
                     self.in_place.prepare(own, launcher.pre)
                     why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)

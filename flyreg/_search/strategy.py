@@ -30,11 +30,17 @@ QUICK_SHARE = 0.15
 
 @attrs.frozen
 class Budget:
-    """Limits of one spec's search: configs timed at most, wall seconds at most (None: no limit), and the seed."""
+    """Limits of one spec's search: configs timed at most, wall seconds at most (None: no limit) counted from
+    ``started`` (a :func:`time.monotonic` instant; None: the strategy's start), and the seed.
+
+    ``reserve()`` is the time the strategy leaves for what follows it (the final round) out of the seconds.
+    """
 
     max_evals: int | None = None
     seconds: float | None = None
     seed: int = 0
+    started: float | None = None
+    reserve: Callable[[], float] | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.max_evals is not None and (isinstance(self.max_evals, bool) or self.max_evals < 1):
@@ -51,30 +57,65 @@ class Strategy(Protocol):
 
 
 class _Meter:
-    """Times batches through ``evaluate`` within the budget; never times a config twice."""
+    """Times configs through ``evaluate`` within the budget; never times a config twice.
+
+    Under a time budget the configs go in batches sized to the time left: one config first, then as
+    many as the seconds per config seen so far fit (binding, compiling and timing included), at
+    most twice the largest batch so far. A config the evaluator left out (its deadline came first)
+    is not timed. The budget never ends a search before one config is timed.
+    """
 
     def __init__(self, evaluate: Evaluate, budget: Budget) -> None:
         self.evaluate, self.budget = evaluate, budget
         self.times: Times = {}
-        self.deadline = time.monotonic() + budget.seconds if budget.seconds is not None else None
+        started = budget.started if budget.started is not None else time.monotonic()
+        self.deadline = started + budget.seconds if budget.seconds is not None else None
+        self.spent = 0.0  # seconds inside evaluate
+        self.evaluated = 0  # configs those seconds evaluated
+        self.largest = 0  # the largest batch so far
 
     def left(self) -> int | None:
         return None if self.budget.max_evals is None else self.budget.max_evals - len(self.times)
 
+    def seconds_left(self) -> float | None:
+        """Seconds until the strategy must stop (None: no time budget); the reserve is left out."""
+        if self.deadline is None:
+            return None
+        reserve = self.budget.reserve() if self.budget.reserve is not None else 0.0
+        return self.deadline - reserve - time.monotonic()
+
+    def out_of_time(self) -> bool:
+        left = self.seconds_left()
+        return left is not None and left <= 0 and any(t is not None for t in self.times.values())
+
     def exhausted(self) -> bool:
         left = self.left()
-        return (left is not None and left <= 0) or (self.deadline is not None and time.monotonic() >= self.deadline)
+        return (left is not None and left <= 0) or self.out_of_time()
+
+    def batch(self, todo: int) -> int:
+        """How many of ``todo`` configs the next batch holds."""
+        left = self.seconds_left()
+        if left is None:
+            return todo
+        if not self.evaluated:
+            return 1
+        fits = int(left / (self.spent / self.evaluated)) if self.spent > 0 else todo
+        return max(1, min(todo, fits, 2 * self.largest))
 
     def time(self, configs: Sequence[Config]) -> None:
         todo = [c for c in dict.fromkeys(configs) if c not in self.times]
         left = self.left()
         if left is not None:
             todo = todo[:max(left, 0)]
-        if not todo or (self.deadline is not None and time.monotonic() >= self.deadline):
-            return
-        got = self.evaluate(todo)
-        for c in todo:
-            self.times[c] = got.get(c)
+        while todo and not self.out_of_time():
+            n = self.batch(len(todo))
+            batch, todo = todo[:n], todo[n:]
+            start = time.monotonic()
+            got = self.evaluate(batch)
+            self.spent += time.monotonic() - start
+            self.evaluated += len(got)
+            self.largest = max(self.largest, n)
+            self.times.update((c, got[c]) for c in batch if c in got)
 
 
 @attrs.frozen
