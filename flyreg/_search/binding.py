@@ -34,28 +34,28 @@ def bind_all(op: str, cands: list[Config], build: Build, bind: Bind, threads: in
     is :func:`compile_threads`. Past ``deadline`` (a :func:`time.monotonic` instant) no build or
     bind starts: those candidates are left out of the answer.
     """
-    out: dict[Config, Launcher | Exception] = {}
-    for config in cands:
-        try:
-            build(config)
-        except Exception as e:
-            out[config] = e
-    todo = [c for c in built if not late()]
-
 
     def late() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
+    out: dict[Config, Launcher | Exception] = {}
+    built = []
+    for config in cands:
+        if late():
+            break
+        try:
+            build(config)
+            built.append(config)
+        except Exception as e:
+            out[config] = e
+    todo = [c for c in built if not late()]
+
     def bind_one(config: Config) -> Launcher | Exception | None:
         if late():
             return None
-    built = []
         try:
-        if late():
-            break
             return bind(config)
         except LaunchSignatureError:
-            built.append(config)
             raise
         except Exception as e:
             return e

@@ -33,11 +33,11 @@ from flyreg._search.settings import SearchSettings
 FINAL_BAND = 0.03
 FINALISTS = 6
 FINAL_SCALE = 8
+#: The most of a time budget (``budget_s``) a strategy leaves for the final round.
+FINAL_SHARE = 0.25
 
 #: The journal's error text of a config the correctness gate rejected starts with this.
 REJECTED = "rejected: "
-#: The most of a time budget (``budget_s``) a strategy leaves for the final round.
-FINAL_SHARE = 0.25
 
 
 class CandidateError(Exception):
@@ -93,12 +93,12 @@ class Evaluator:
         self.failed: list[tuple[Config, str]] = []
         self.rejected: list[tuple[Config, str]] = []
         self.reused = 0  # first-round results read from the journal instead of timed
-        self._known: dict[str, dict[Config, journal.Measurement]] = {}
-
-    def __call__(self, configs: Sequence[Config]) -> dict[Config, float | None]:
         self.deadline: float | None = None
         self._timing_s, self._timings = 0.0, 0  # seconds the first round's timings took, and how many
         self._counted: set[Config] = set()  # configs the progress listener has heard of
+        self._known: dict[str, dict[Config, journal.Measurement]] = {}
+
+    def __call__(self, configs: Sequence[Config]) -> dict[Config, float | None]:
         out: dict[Config, float | None] = {}
         known = self._journaled(self.mode)
         todo = []
@@ -108,46 +108,41 @@ class Evaluator:
             else:
                 todo.append(c)
         ready = self._ready(todo, out)
+        self._count(out)
         self._warm(ready)
         for i, (config, token) in enumerate(ready):
-            try:
-                result = self._time(token, 1)
-        self._count(out)
-            except CaptureError as e:  # every config is timed again the flushed way, this batch's rest too
-                self._fall_back(e)
             if self.late():
                 break
-                redo = list(self.timed)
+            try:
                 start = time.monotonic()
+                result = self._time(token, 1)
+            except CaptureError as e:  # every config is timed again the flushed way, this batch's rest too
+                self._fall_back(e)
+                redo = list(self.timed)
                 self.timed.clear()
                 out.update(self([*redo, *(c for c, _ in ready[i:])]))
                 return out
             except Rejected as e:
                 self._reject(config, str(e))
                 out[config] = None
+                self._count([config])
                 continue
             except self.fatal:
                 raise
             except Exception as e:  # a failing candidate is skipped, never fatal
-                self._count([config])
                 self._fail(config, reason(e), self.mode)
                 out[config] = None
+                self._count([config])
                 continue
+            self._timing_s += time.monotonic() - start
+            self._timings += 1
             self.timed[config] = result
             self.stats.benchmarks += 1
             self._journal(self.mode, config, result)
-                self._count([config])
             out[config] = result.median
-            self._timing_s += time.monotonic() - start
-            self._timings += 1
+            self._count([config])
         return out
 
-    def final_round(self, default: Config | None) -> frozenset[Config]:
-        """Time the finalists again over :data:`FINAL_SCALE` times the work (their final times replace
-        the first); returns those that were. Journaled under :func:`final_timing`.
-            self._count([config])
-
-        A :class:`CaptureError` leaves that finalist its first time, outside the final ranking; a
     def late(self) -> bool:
         """Past the deadline with a config timed: what is not yet timed is left for no one."""
         return self.deadline is not None and bool(self.timed) and time.monotonic() >= self.deadline
@@ -166,19 +161,24 @@ class Evaluator:
         if new:
             progress.measured(len(new))
 
+    def final_round(self, default: Config | None) -> frozenset[Config]:
+        """Time the finalists again over :data:`FINAL_SCALE` times the work (their final times replace
+        the first); returns those that were. Journaled under :func:`final_timing`.
+
+        A :class:`CaptureError` leaves that finalist its first time, outside the final ranking; a
         finalist that fails otherwise is dropped and reported: a config that fails on a re-run is not served.
         """
+        if self.deadline is not None and time.monotonic() + self.final_seconds(default) > self.deadline:
+            return frozenset()  # it does not fit in the budget: the first round's times rank
         timing = final_timing(self.mode)
         known = self._journaled(timing)
+        first = dict(self.timed)
         final: set[Config] = set()
         todo = []
         for config in finalists(self.timed, default):
-        if self.deadline is not None and time.monotonic() + self.final_seconds(default) > self.deadline:
-            return frozenset()  # it does not fit in the budget: the first round's times rank
             m = known.get(config)
             if m is None:
                 todo.append(config)
-        first = dict(self.timed)
             elif m.failed:
                 del self.timed[config]
                 self.failed.append((config, str(m.error)))
@@ -191,15 +191,15 @@ class Evaluator:
             self.timed.pop(config, None)
         self._warm(ready)
         for config, token in ready:
+            if self.late():  # cut short: a partial round cannot rank, the first round's times do
+                self.timed.update((c, first[c]) for c in final)
+                return frozenset()
             try:
                 result = self._time(token, FINAL_SCALE)
             except CaptureError:
                 continue
             except self.fatal:
                 raise
-            if self.late():  # cut short: a partial round cannot rank, the first round's times do
-                self.timed.update((c, first[c]) for c in final)
-                return frozenset()
             except Exception as e:
                 del self.timed[config]
                 self._fail(config, reason(e), timing)

@@ -127,12 +127,12 @@ class InProcessEvaluator(Evaluator):
         bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads, deadline) if new else {}
         ready = []
         for config in todo:
+            if config not in self.launchers and (config not in bound or self.late()):
+                continue  # the deadline came first
             launcher = self.launchers[config] if config in self.launchers else bound[config]
             try:
                 if isinstance(launcher, Exception):
                     raise launcher
-            if config not in self.launchers and (config not in bound or self.late()):
-                continue  # the deadline came first
                 if config not in self.launchers and self.gate.ref is not None:
                     self.in_place.prepare(own, launcher.pre)
                     why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)
