@@ -61,6 +61,20 @@ def load(op: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def starting_with(op: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """The entries of ``op`` whose key starts with ``prefix``, key -> entry: one indexed range read, which
+    reads only those rows however many the op has (a spec-only lookup: :func:`flyreg._core.keys.cache_key_prefix`)."""
+    out = {}
+    # Keys are ASCII JSON, so every key starting with the prefix sorts below the prefix followed by U+FFFF.
+    rows = DB.read("SELECT key, entry FROM entries WHERE op = ? AND key >= ? AND key < ? ORDER BY key",
+                   (op, prefix, prefix + "\uffff"))
+    for key, text in rows:
+        entry = _decode(database(), op, key, text)
+        if entry is not None:
+            out[key] = entry
+    return out
+
+
 def counts() -> dict[str, int]:
     """Entries per op in the current cache database."""
     return {op: n for op, n in DB.read("SELECT op, COUNT(*) FROM entries GROUP BY op ORDER BY op", ())}

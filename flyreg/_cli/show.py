@@ -1,4 +1,4 @@
-"""``flyreg show``: the config a runtime call gets for a spec, and where it comes from."""
+"""``flyreg show``: the config a runtime call gets for a spec, and where it comes from; without a spec, the op."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from flyreg._cli.common import device_option, resolve_device, spec_values, user_
 
 @click.command()
 @click.argument("op_name", metavar="OP")
-@click.option("--spec", "specs", multiple=True, required=True, callback=spec_values, metavar="AXIS=V,...",
-              help="The spec to resolve (repeatable).")
+@click.option("--spec", "specs", multiple=True, callback=spec_values, metavar="AXIS=V,...",
+              help="The spec to resolve (repeatable). Without one: the op's call, axes, buckets and workloads.")
 @device_option("Device to resolve for")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @user_errors
@@ -22,28 +22,40 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
 
     The lookup is the runtime's: the scratch cache, then the offline artifacts, then the op's
     default. No search is run. For an op that declares its axes, the spec is checked against
-    them; an ordered or bucketed axis left out stands for each of its buckets (one row each),
-    and an axis with a device default left out gets the device's value.
+    them (a value outside an axis' range is an error; one rounded to its bucket is shown with
+    it); an ordered or bucketed axis left out stands for each of its buckets (one row each),
+    and an axis with a device default left out gets the device's value. Without --spec: the
+    op's call signature, axes, buckets and workloads.
     """
     from flyreg._core.keys import identity_of, parse_device
     from flyreg._plugins.record import spec_rows
     from flyreg._plugins.registry import REGISTRY
     from flyreg._runtime.resolution import what_serves
 
+    dev = resolve_device(device)
+    if not specs:
+        from flyreg._cli.show_op import show_op
+
+        show_op(op_name, dev, as_json)
+        return
     tuner = REGISTRY.tuner(op_name)  # unknown or broken op: one line
     record = REGISTRY.plugin(op_name).record
-    dev = resolve_device(device)
     ident = identity_of(dev)
     wanted: list[dict[str, Any]] = []
+    asked: list[dict[str, Any]] = []  # what the user wrote for each spec of ``wanted``
     for given in specs:
-        wanted.extend(s for s in spec_rows(op_name, record, given, parse_device(dev)[0]) if s not in wanted)
+        for s in spec_rows(op_name, record, given, parse_device(dev)[0]):
+            if s not in wanted:
+                wanted.append(s)
+                asked.append(given)
     out = []
-    for spec in wanted:
+    for spec, given in zip(wanted, asked):
         try:
             res, offline = what_serves(tuner, spec, dev)
         except Exception as e:
             raise click.ClickException(_unresolved(op_name, spec, dev, e)) from None
-        row = {"op": op_name, "spec": res.spec, "device": ident.to_json(), "config": res.config.to_json(),
+        row = {"op": op_name, "spec": res.spec, "given": rounded(given, res.spec),
+               "device": ident.to_json(), "config": res.config.to_json(),
                "source": res.source, "path": res.path, "stale": res.stale, "nearest": res.nearest,
                "offline": offline.path if offline is not None and res.source in ("cache", "memory") else None}
         out.append((row, res.config))
@@ -60,7 +72,7 @@ def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
     from flyreg._cli.text import config_str, spec_str
 
     click.echo(f"op:      {op}")
-    click.echo(f"spec:    {spec_str(r['spec'])}")
+    click.echo(f"spec:    {spec_text(r)}")
     click.echo(f"device:  {ident.name} ({ident.arch})")
     click.echo(f"config:  {config_str(config)}")
     click.echo(f"source:  {r['source']}")
@@ -87,8 +99,26 @@ def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> N
     for r, config in out:
         notes = [n for n, on in (("nearest", r["nearest"]), ("stale", r["stale"])) if on]
         source = r["source"] + (f" ({', '.join(notes)})" if notes else "")
-        table.add_row(escape(spec_str(r["spec"])), escape(config_str(config)), source, escape(r["path"] or "-"))
+        table.add_row(escape(spec_text(r)), escape(config_str(config)), source, escape(r["path"] or "-"))
     make_console().print(table)
+
+
+def rounded(given: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The values of ``given`` (what the user wrote) that its checked ``spec`` holds otherwise (a bucket)."""
+    from flyreg._artifacts.names import canonical_value
+
+    return {k: v for k, v in given.items()
+            if k in spec and json.dumps(canonical_value(v)) != json.dumps(canonical_value(spec[k]))}
+
+
+def spec_text(r: dict[str, Any]) -> str:
+    """A resolution's spec as ``--spec`` takes it, each value the check rounded shown as written first:
+    ``M=300 (bucket 4096),N=4096``."""
+    from flyreg._cli.text import spec_str
+
+    given = r["given"]
+    return ",".join(f"{spec_str({k: given[k]})} (bucket {spec_str({k: v}).partition('=')[2]})" if k in given
+                    else spec_str({k: v}) for k, v in sorted(r["spec"].items()))
 
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:

@@ -182,3 +182,13 @@ def cache_key(
         sort_keys=True,
         separators=(",", ":"),
     )
+
+
+def cache_key_prefix(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentity,
+                     env: tuple[tuple[str, str | None], ...]) -> str:
+    """The start every :func:`cache_key` of ``spec`` on ``device`` has, whatever its tensors and toolchain: the
+    fields that sort before ``tensors``, up to its value (a spec-only lookup reads the keys with this prefix)."""
+    head = json.dumps({"device": device.to_json(), "env": dict(env), "op": op, "spec": dict(spec)},
+                      sort_keys=True, separators=(",", ":"))
+    return head[:-1] + ',"tensors":'
+

@@ -77,7 +77,8 @@ class Axis:
     borrows the nearest tuned spec's. ``buckets``: the values a given one is rounded to, either a
     tuple (the smallest bucket >= the value, else the largest) or a callable of the value.
     ``device_default``: a callable of the device type (``"cpu"`` or ``"cuda"``) giving the value
-    when a spec leaves the axis out and the device is known.
+    when a spec leaves the axis out and the device is known. ``low`` and ``high``: the range of a
+    numeric axis (inclusive; None: open); a value outside it is refused, never bucketed.
     """
 
     name: str
@@ -86,6 +87,8 @@ class Axis:
     ordered: bool = False
     buckets: tuple[int | float, ...] | Callable[[Any], JSONScalar] | None = attrs.field(default=None, converter=_tuple)
     device_default: Callable[[str], JSONScalar] | None = None
+    low: int | float | None = None
+    high: int | float | None = None
 
     def __attrs_post_init__(self) -> None:
         where = f"Axis {self.name!r}"
@@ -112,6 +115,14 @@ class Axis:
         if self.device_default is not None and not callable(self.device_default):
             raise RecordError(f"{where}: device_default must be a callable of the device type, "
                               f"got {self.device_default!r}")
+        if (self.low is not None or self.high is not None) and not numeric:
+            raise RecordError(f"{where}: only an int or float axis has a range (low, high), "
+                              f"not a {AXIS_TYPES[self.type]} one")
+        for field in ("low", "high"):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, self._member(getattr(self, field), field))
+        if self.low is not None and self.high is not None and self.low > self.high:  # type: ignore[operator]
+            raise RecordError(f"{where}: low {self.low!r} is above high {self.high!r}")
 
     def _member(self, value: Any, field: str) -> JSONScalar:
         try:
@@ -122,6 +133,8 @@ class Axis:
     def normalize(self, value: Any) -> JSONScalar:
         """``value`` typed, bucketed and checked against ``values``; ValueError saying what is wrong."""
         value = _typed(self.type, value)
+        if not self.within(value):
+            raise ValueError(f"{_show(value)} is out of its range {self.range_text()}")
         if isinstance(self.buckets, tuple):
             value = next((b for b in self.buckets if value <= b), self.buckets[-1])  # type: ignore[operator]
         elif self.buckets is not None:
@@ -129,6 +142,18 @@ class Axis:
         if self.values is not None and value not in self.values:
             raise ValueError(f"{_show(value)} is not one of {'|'.join(map(_show, self.values))}")
         return value
+
+    def within(self, value: Any) -> bool:
+        """Whether a typed ``value`` is in the axis' range."""
+        return not ((self.low is not None and value < self.low) or (self.high is not None and value > self.high))
+
+    def range_text(self) -> str | None:
+        """``>= 1``, ``<= 8`` or ``1..8``: the range (None: open)."""
+        if self.low is not None and self.high is not None:
+            return f"{_show(self.low)}..{_show(self.high)}"
+        if self.low is not None:
+            return f">= {_show(self.low)}"
+        return f"<= {_show(self.high)}" if self.high is not None else None
 
     def choices(self) -> tuple[JSONScalar, ...] | None:
         """The values a spec that leaves this axis out stands for: one per bucket of an ordered or bucketed axis."""
@@ -141,6 +166,8 @@ class Axis:
         parts = [AXIS_TYPES[self.type]]
         if self.ordered:
             parts.append("ordered")
+        if self.range_text() is not None:
+            parts.append(str(self.range_text()))
         steps = self.choices() if self.buckets is not None else None
         if steps:
             parts.append(f"buckets {'|'.join(map(_show, steps))}")

@@ -23,7 +23,8 @@ from flyreg._artifacts.usable import config_problem
 from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
-from flyreg._core.keys import DeviceIdentity, cache_key, env_values, identity_of, normalize_spec
+from flyreg._core.keys import (DeviceIdentity, cache_key, cache_key_prefix, env_values, identity_of,
+                               normalize_spec)
 from flyreg._core.results import GraphCaptureError, Resolution, TuneError
 from flyreg._runtime.searching import search
 from flyreg._runtime.state import TunerState, spec_key
@@ -88,9 +89,10 @@ class ScratchCache:
             entry = cache.get(tuner.name, req.pkey)  # one indexed read
             found = [entry] if entry is not None else []
         else:
-            want = _without_tensors(cache_key(tuner.name, req.spec, [], req.ident, tuner.version,
-                                              env_values(tuner.key_env)))
-            found = [e for k, e in cache.load(tuner.name).items() if _without_tensors(k) == want]
+            env = env_values(tuner.key_env)
+            want = _without_tensors(cache_key(tuner.name, req.spec, [], req.ident, tuner.version, env))
+            near = cache.starting_with(tuner.name, cache_key_prefix(tuner.name, req.spec, req.ident, env))
+            found = [e for k, e in near.items() if _without_tensors(k) == want]
         for entry in found:
             res = _from_entry(tuner, entry, req.spec)
             if res is not None:

@@ -451,7 +451,7 @@ def test_show_a_spec_without_its_bucketed_axis_prints_a_row_per_bucket(tmp_path:
     line = one_line_error(wrong, 2)  # every problem at once, with the axes and values the op allows
     assert line.startswith("flyreg: error: rmsnorm: spec {'N': 8192, 'dtyp': 'bfloat16', 'backend': 'tpu'} "
                            "does not fit the op's axes: missing dtype; unknown axis dtyp (did you mean dtype?); "
-                           "backend: tpu is not one of triton|cpu. Axes: M (int, ordered, buckets 1|32|256|4096|32768)")
+                           "backend: tpu is not one of triton|cpu. Axes: M (int, ordered, >= 0, buckets 1|32|256|4096|32768)")
     assert "dtype (str, one of bfloat16|float16|float32)" in line
     assert "M: 'many' is not of type int" in one_line_error(ill_typed, 2)
 

@@ -99,6 +99,9 @@ def ours(*names: str) -> list[str]:
     ({"name": "M", "type": int, "buckets": (16, 1)}, "Axis 'M': buckets must be a callable or a non-empty ascending"),
     ({"name": "M", "type": int, "buckets": (1, 2.5)}, "Axis 'M': buckets must be of its type: 2.5 is not of type int"),
     ({"name": "b", "type": str, "device_default": "cpu"}, "Axis 'b': device_default must be a callable"),
+    ({"name": "d", "type": str, "low": 1}, "Axis 'd': only an int or float axis has a range"),
+    ({"name": "M", "type": int, "low": 0.5}, "Axis 'M': low must be of its type: 0.5 is not of type int"),
+    ({"name": "M", "type": int, "low": 8, "high": 4}, "Axis 'M': low 8 is above high 4"),
 ])
 def test_a_malformed_axis_is_a_record_error_naming_it(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(RecordError, match=f"^{message}"):
@@ -201,6 +204,16 @@ def test_a_spec_is_typed_bucketed_and_filled_from_the_device(reg: Callable[..., 
         flyreg.resolve_spec("f", {"alpha": 2, "flag": 1}, "cpu")
     with pytest.raises(SpecError, match=r"alpha: True is not of type float"):
         flyreg.resolve_spec("f", {"alpha": True, "flag": False}, "cpu")
+
+
+def test_a_value_outside_an_axis_range_is_refused_not_bucketed(reg: Callable[..., None]) -> None:
+    ranged = (Axis("M", int, ordered=True, buckets=(1, 16, 256), low=0), Axis("alpha", float, low=-1, high=1))
+    reg(Doubling(OpRecord(axes=ranged)), "ranged")
+    assert flyreg.resolve_spec("ranged", {"M": 0, "alpha": -1}, "cpu").spec == {"M": 1, "alpha": -1.0}  # the edges
+    assert flyreg.resolve_spec("ranged", {"M": 10**6, "alpha": 1}, "cpu").spec["M"] == 256  # above the buckets: the largest
+    with pytest.raises(SpecError, match=r"M: -5 is out of its range >= 0; alpha: 1\.5 is out of its range -1\.0\.\.1\.0\. "
+                                        r"Axes: M \(int, ordered, >= 0, buckets 1\|16\|256\); alpha \(float, -1\.0\.\.1\.0\)"):
+        flyreg.resolve_spec("ranged", {"M": -5, "alpha": 1.5}, "cpu")
 
 
 def test_a_stored_spec_must_be_complete_and_normalized(reg: Callable[..., None], isolated_dirs: dict[str, Path]) -> None:

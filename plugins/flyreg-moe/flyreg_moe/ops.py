@@ -39,13 +39,13 @@ def _backend_on(device: str) -> str:
 
 
 AXES = (
-    Axis("E", int),
-    Axis("K", int),
-    Axis("M", int, ordered=True, values=space.M_BUCKETS, buckets=space.M_BUCKETS),
-    Axis("N", int),
+    Axis("E", int, low=1),
+    Axis("K", int, low=1),
+    Axis("M", int, ordered=True, values=space.M_BUCKETS, buckets=space.M_BUCKETS, low=0),
+    Axis("N", int, low=1),
     Axis("backend", str, values=("triton", "cpu"), device_default=_backend_on),
     Axis("dtype", str, values=DTYPES),
-    Axis("topk", int),
+    Axis("topk", int, low=1),
 )
 SPEC_AXES = tuple(a.name for a in AXES)
 

@@ -41,8 +41,8 @@ def _backend_on(device: str) -> str:
 
 #: The spec axes; M is a row count rounded up to its bucket.
 AXES = (
-    Axis("M", int, ordered=True, values=space.ROW_BUCKETS, buckets=space.row_bucket),
-    Axis("N", int),
+    Axis("M", int, ordered=True, values=space.ROW_BUCKETS, buckets=space.row_bucket, low=0),
+    Axis("N", int, low=1),
     Axis("backend", str, values=("triton", "cpu"), device_default=_backend_on),
     Axis("dtype", str, values=GPU_DTYPES),
 )
