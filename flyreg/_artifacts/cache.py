@@ -1,8 +1,11 @@
 """The scratch disk cache: one SQLite database per cache dir (WAL), one row per (op, key).
 
 A lookup is one indexed read and a store one small transaction, whatever the cache's size; op
-names, keys and entries of any length are stored as they are. A file that is not a database of
-this schema (corrupt, foreign, not a regular file) is moved aside with a warning and rebuilt.
+names, keys and entries of any length are stored as they are. The cache is scratch
+(:mod:`flyreg._core.sqlite`): a file at its path that is not a database of this schema (corrupt,
+foreign, a link, not a regular file) is moved aside with a warning and rebuilt, never opened
+through; a read-only, busy or unusable cache is read as far as it can be and written not at all,
+with one warning, and no lookup or store raises because of it.
 """
 
 from __future__ import annotations
@@ -91,12 +94,14 @@ def store(op: str, key: str, entry: dict[str, Any]) -> Path:
 def clear(op: str | None = None) -> int:
     """Delete ``op``'s entries, or every op's, and the temp files killed writers left; returns entries removed.
 
-    Anything else in the cache directory (a user's file, a database moved aside) is left alone.
+    Anything else in the cache directory (a user's file, a database moved aside) is left alone. A cache
+    that cannot be written (read-only, busy, unusable) raises :class:`~flyreg._core.sqlite.Unusable`
+    and loses nothing.
     """
     remove_abandoned_temps(cache_dir())
-    if DB.connection(create=False) is None:
+    if not DB.read("SELECT 1 FROM entries LIMIT 1"):
         return 0
-    with DB.write() as conn:
+    with DB.write(strict=True) as conn:
         if op is None:
             cur = conn.execute("DELETE FROM entries")
         else:

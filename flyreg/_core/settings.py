@@ -28,6 +28,10 @@ from flyreg._core.fileio import warn_once
 _ALSO_WATCHED = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
 _REFERENCE = re.compile(r"\$(\w+)|\$\{([^}]*)\}")
 _TRUE = ("1", "true", "yes", "on")
+#: The longest duration a seconds setting may name: every wait flyreg hands one to (an event's, a
+#: lock's, a pipe's poll) accepts it on every platform (``threading.TIMEOUT_MAX`` is about 9.2e9 s on
+#: Linux and 4.3e6 s on Windows); a longer one would raise OverflowError at the wait.
+MAX_SECONDS = min(1e6, threading.TIMEOUT_MAX)
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -67,9 +71,12 @@ def _positive_int(raw: str, environ: Mapping[str, str]) -> int:
 
 def _positive_seconds(raw: str, environ: Mapping[str, str]) -> float:
     seconds = float(raw.strip())
-    if not math.isfinite(seconds) or seconds <= 0:
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_SECONDS:
         raise ValueError
     return seconds
+
+
+_SECONDS = f"seconds > 0, at most {MAX_SECONDS:,.0f}"
 
 
 def _path(raw: str, environ: Mapping[str, str]) -> Path:
@@ -134,15 +141,19 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("FLYREG_COMPILE_WORKERS", "compile_workers", "an int >= 1", "the CPU count, at most 8",
              "processes that compile an isolated search's candidates (`flyreg tune --isolate`)", _positive_int,
              default_compile_workers),
-    Variable("FLYREG_CANDIDATE_TIMEOUT", "candidate_timeout", "seconds > 0", "30",
+    Variable("FLYREG_CANDIDATE_TIMEOUT", "candidate_timeout", _SECONDS, "30",
              "the least time an isolated candidate may take before it counts as hung (the limit is 20 times "
              "the slowest candidate so far, at least this)", _positive_seconds, lambda: 30.0),
-    Variable("FLYREG_PLUGIN_TIMEOUT", "plugin_timeout", "seconds > 0", "30",
+    Variable("FLYREG_PLUGIN_TIMEOUT", "plugin_timeout", _SECONDS, "30",
              "how long an op's plugin may take to import and describe itself before it is marked broken", _positive_seconds, lambda: 30.0),
     Variable("FLYREG_RECORD", "record", "a file", "none",
              "record which config source served each spec the process called, and how often, into this "
-             "SQLite file at exit (`flyreg tune --from-record`, `flyreg check --against-record`)",
-             _path, lambda: None, directories=True),
+             "SQLite file every `FLYREG_RECORD_INTERVAL` seconds, on SIGTERM and at exit (`flyreg tune "
+             "--from-record`, `flyreg check --against-record`); anything there but a record or an empty "
+             "file is refused", _path, lambda: None, directories=True),
+    Variable("FLYREG_RECORD_INTERVAL", "record_interval", _SECONDS, "30",
+             "how often a serving record's counts are added to its file while the process runs: the most "
+             "a SIGKILL can lose", _positive_seconds, lambda: 30.0),
 )
 
 NAMES = tuple(v.name for v in VARIABLES)
@@ -162,6 +173,7 @@ class Settings:
     candidate_timeout: float
     plugin_timeout: float
     record: Path | None = None
+    record_interval: float = 30.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -4,9 +4,13 @@ Recording is on while ``FLYREG_RECORD`` names a file (from the first tuner made,
 resolved, after it is set, until the process exits) or inside :func:`record`. The steady-state
 call does no I/O: while recording, every tuner's class is swapped for a subclass whose
 ``__call__`` is the plain one plus a counter per call signature (one attribute increment);
-with recording off the plain ``__call__`` runs, unchanged. The counts are added to the file at
-exit (``FLYREG_RECORD``) or when the ``with`` block ends (:mod:`flyreg._runtime.record_file`:
-safe under concurrent processes). A forked child counts only its own calls.
+with recording off the plain ``__call__`` runs, unchanged. The counts are added to the file
+(:mod:`flyreg._runtime.record_file`: safe under concurrent processes) by a background thread
+every ``FLYREG_RECORD_INTERVAL`` seconds while recording, when a ``with`` block ends, and under
+``FLYREG_RECORD`` also at exit and on SIGTERM (the handler the application had installed then
+runs, or the default action: the process ends). A SIGKILL loses at most the last interval's
+counts. A forked child counts only its own calls. A path the record file refuses (anything but a
+record, an empty regular file, or nothing) turns recording off with one warning.
 
 Calls replayed from a CUDA graph run no Python: they are counted once, when captured.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import threading
 import time
 import weakref
@@ -78,6 +83,9 @@ class Recorder:
         self.holders = 0  # open record() blocks
         self.entries: dict[tuple[Any, ...], Entry] = {}
         self.tuners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.refused: Path | None = None  # the FLYREG_RECORD path refused (warned once)
+        self.flushing: int | None = None  # the thread flushing now
+        self.stop = threading.Event()  # set when the recording stops: ends the periodic flusher
 
     @property
     def active(self) -> bool:
@@ -89,12 +97,24 @@ class Recorder:
                 raise RuntimeError(f"flyreg is already recording into {self.path}; one record at a time")
             if by_env and not self.by_env:
                 atexit.register(flush_quietly)
+                _chain_sigterm()
             self.by_env = self.by_env or by_env
             self.holders += 0 if by_env else 1
             if self.path is None:
                 self.path = path
                 for tuner in list(self.tuners):
                     _count_calls(tuner, True)
+                self.start_flusher()
+
+    def start_flusher(self) -> None:
+        """Flush every ``FLYREG_RECORD_INTERVAL`` seconds in a daemon thread until the recording stops."""
+        self.stop = stop = threading.Event()
+
+        def flush_periodically() -> None:
+            while not stop.wait(settings.current().record_interval):
+                flush_quietly()
+
+        threading.Thread(target=flush_periodically, name="flyreg-record-flush", daemon=True).start()
 
     def release(self) -> None:
         """One :func:`record` block ended: flush, and stop when nothing else holds the recording on."""
@@ -108,6 +128,7 @@ class Recorder:
                         _count_calls(tuner, False)
                     self.path = None
                     self.entries.clear()
+                    self.stop.set()
 
     def note(self, op: str, ck: CallKey, res: Resolution) -> Entry:
         """The entry of the call key ``ck`` resolved to ``res``: a new one at its first resolution; a
@@ -120,24 +141,33 @@ class Recorder:
             return entry
 
     def flush(self) -> None:
-        """Add the calls counted since the last flush to the file."""
+        """Add the calls counted since the last flush to the file (a flush that this thread interrupted,
+        from a signal handler, is left to finish alone: nothing is added twice)."""
         with self.lock:
-            if self.path is None:
+            if self.path is None or self.flushing == threading.get_ident():
                 return
-            now = time.time()
-            pending = [(e, e.calls()) for e in self.entries.values()]
-            served = [Served(e.op, e.spec, e.ident, e.res.source, e.res.origin, e.res.nearest, e.res.path,
-                             e.res.config.to_json(), total - e.flushed, e.first_seen, now)
-                      for e, total in pending if total > e.flushed]
-            record_file.add(self.path, served)
-            for e, total in pending:
-                e.flushed = total
+            self.flushing = threading.get_ident()
+            try:
+                now = time.time()
+                pending = [(e, e.calls()) for e in self.entries.values()]
+                served = [Served(e.op, e.spec, e.ident, e.res.source, e.res.origin, e.res.nearest, e.res.path,
+                                 e.res.config.to_json(), total - e.flushed, e.first_seen, now)
+                          for e, total in pending if total > e.flushed]
+                record_file.add(self.path, served)
+                for e, total in pending:
+                    e.flushed = total
+            finally:
+                self.flushing = None
 
     def forked(self) -> None:
-        """In a forked child: the calls counted so far are the parent's to record."""
+        """In a forked child: the calls counted so far are the parent's to record; its own are flushed
+        periodically, as the parent's were."""
         self.lock = threading.RLock()
+        self.flushing = None
         for e in self.entries.values():
             e.flushed = e.calls()
+        if self.path is not None:
+            self.start_flusher()
 
 
 RECORDER = Recorder()
@@ -152,12 +182,47 @@ def flush_quietly() -> None:
         warn_once(f"flyreg: could not write the serving record {RECORDER.path}: {type(e).__name__}: {e}")
 
 
+_previous_sigterm: Any = None
+
+
+def _chain_sigterm() -> None:
+    """Flush on SIGTERM, then do what the handler installed before did (the default: end the process).
+    Only the main thread can install a handler, and one not installed from Python is left alone."""
+    global _previous_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None or previous is _on_sigterm:
+        return
+    _previous_sigterm = previous
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    flush_quietly()
+    previous = _previous_sigterm
+    if previous == signal.SIG_IGN:
+        return
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signum, signal.SIG_DFL)  # the default action, with the exit status it gives
+    os.kill(os.getpid(), signum)
+
+
 def _start_from_env() -> bool:
-    """Turn recording on when ``FLYREG_RECORD`` names a file; True when it is on."""
+    """Turn recording on when ``FLYREG_RECORD`` names a file it may write; True when it is on."""
     path = settings.current().record
-    if path is not None and not RECORDER.active:
+    if path is not None and not RECORDER.active and path.absolute() != RECORDER.refused:
+        where = path.absolute()
+        why = record_file.refusal(where)
+        if why is not None:
+            RECORDER.refused = where
+            warn_once(f"flyreg: FLYREG_RECORD refused, recording nothing: {why}; flyreg records only into "
+                      "a serving record it made, an empty file or a new path", key=f"record-refused:{where}")
+            return False
         try:
-            RECORDER.start(path.absolute(), by_env=True)  # counts every tracked tuner
+            RECORDER.start(where, by_env=True)  # counts every tracked tuner
         except RuntimeError as e:  # a record() block holds another file: that one goes on
             warn_once(f"flyreg: FLYREG_RECORD={path} ignored: {e}", key="record-env-busy")
     return RECORDER.active
@@ -239,13 +304,18 @@ def record(path: str | os.PathLike[str]) -> Iterator[Path]:
     (op, spec, device, source) and how many calls it served, added to the SQLite file ``path`` when
     the block ends (created if absent; other processes may add to it at once). Yields the file.
 
-    The steady-state call stays free of I/O: counts are kept in memory until then. Under
-    ``FLYREG_RECORD`` naming the same file the block just flushes at its end; another file is a
-    RuntimeError (one record at a time).
+    The steady-state call stays free of I/O: counts are kept in memory, and added to the file every
+    ``FLYREG_RECORD_INTERVAL`` seconds and when the block ends. Under ``FLYREG_RECORD`` naming the
+    same file the block just flushes at its end; another file is a RuntimeError (one record at a
+    time). A path that holds anything but a record or an empty regular file is a ValueError.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise TypeError(f"record() takes the record's file path (a str or os.PathLike), got {path!r}")
     where = settings.expand_path(os.fspath(path)).absolute()
+    why = record_file.refusal(where)
+    if why is not None:
+        raise ValueError(f"record() refuses {why}; it records only into a serving record, an empty file or "
+                         "a new path")
     RECORDER.start(where, by_env=False)
     try:
         yield where

@@ -2,8 +2,10 @@
 
 One SQLite database (WAL) that any number of processes add to at once: each flush is one
 transaction adding its calls to the row of its (op, spec, device, source, origin, nearest).
-A file at the path that is not a record is moved aside with a warning when written, never
-deleted; read (``flyreg tune --from-record``, ``flyreg check --against-record``), it is an error.
+flyreg writes only a record it made, an empty regular file, or where nothing is: anything else at
+the path (a device such as ``/dev/null``, a FIFO, a directory, a ``/proc`` file, a symbolic link,
+a file that is not a record) is refused (:func:`refusal`), never renamed, replaced or opened for
+writing. Read (``flyreg tune --from-record``, ``flyreg check --against-record``), it is an error.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import attrs
 
 from flyreg._core.config import JSONScalar
 from flyreg._core.keys import DeviceIdentity
-from flyreg._core.sqlite import Database, Schema
+from flyreg._core.sqlite import Database, Foreign, Schema, check, not_plain
 
 COLUMNS = ("op", "spec", "device", "source", "origin", "nearest", "path", "config", "calls", "first_seen",
            "last_seen")
@@ -73,12 +75,25 @@ class Served:
                 self.last_seen)
 
 
+def refusal(path: Path) -> str | None:
+    """Why flyreg will not write a serving record at ``path``, or None: it writes only a record, an empty
+    regular file, or where nothing is (looked at without following a link or writing anything)."""
+    why = not_plain(path)
+    if why is None:
+        try:
+            check(path, SCHEMA)
+        except Foreign as e:
+            why = f"it is not a serving record ({e})"
+    return None if why is None else f"{path}: {why}"
+
+
 def add(path: Path, served: Iterable[Served]) -> None:
-    """Add the calls of ``served`` to the record at ``path`` (created if absent), in one transaction."""
+    """Add the calls of ``served`` to the record at ``path`` (created if absent), in one transaction;
+    :class:`~flyreg._core.sqlite.Unusable` when what is there is not a record or cannot be written."""
     rows = [s.row() for s in served]
     if not rows:
         return
-    db = Database(lambda: path, SCHEMA)
+    db = Database(lambda: path, SCHEMA, scratch=False)
     try:
         with db.write() as conn:
             conn.executemany(_ADD, rows)
