@@ -45,15 +45,16 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Files that may name flyreg's internals, each for the reason docs/architecture.md gives.
 EXCEPTIONS = {
     "tests/unit/test_imports.py",  # reads flyreg's own source to check its layering
-    "tests/conftest.py",  # resets flyreg's one-time warnings between tests, as a new process would have none
+    "conftest.py",  # resets flyreg's one-time warnings between tests, as a new process would have none
 }
 INTERNAL = re.compile(r"\bflyreg\._[A-Za-z]|\bfrom\s+flyreg\s+import\s+(?:\(\s*)?(?:[\w\s,]*,\s*)?_[A-Za-z]")
 
 
 def python_files() -> list[Path]:
     skip = {".venv", "build", "dist", "__pycache__", ".pytest_cache"}
-    return [p for top in ("tests", "benchmarks", "plugins") for p in sorted((ROOT / top).rglob("*.py"))
-            if not skip & set(p.relative_to(ROOT).parts) and not any(part.endswith(".egg-info") for part in p.parts)]
+    return [ROOT / "conftest.py"] + [
+        p for top in ("tests", "benchmarks", "plugins") for p in sorted((ROOT / top).rglob("*.py"))
+        if not skip & set(p.relative_to(ROOT).parts) and not any(part.endswith(".egg-info") for part in p.parts)]
 
 
 def test_tests_benchmarks_and_plugins_name_no_internal_module() -> None:
