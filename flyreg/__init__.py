@@ -42,6 +42,8 @@ _EXPORTS = {
     "OpRecord": "_plugins.record",
     "Axis": "_plugins.record",
     "record": "_runtime.record",
+    "pending": "_runtime.pending",
+    "tune_pending": "_runtime.pending",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -16,16 +16,42 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity
 
+#: The artifact sources of the fallback chain, each its own :attr:`Resolution.source <flyreg.Resolution>`:
+#: the exact artifact (this spec, this product, this toolchain), then what lookup serves without one.
+EXACT = "offline"
+NEAREST = "offline-nearest"  # tuned for the nearest spec (bucket) along the ordered axes
+OTHER_DEVICE = "offline-other-device"  # tuned for this spec on another product of the same arch
+OTHER_TOOLCHAIN = "offline-other-toolchain"  # tuned for this spec on this product, with another toolchain
+#: The fallbacks, in the order the chain names a hit that is several at once (nearest first).
+FALLBACKS = (NEAREST, OTHER_DEVICE, OTHER_TOOLCHAIN)
+ARTIFACT_SOURCES = (EXACT, *FALLBACKS)
+
+
+def is_artifact(source: str) -> bool:
+    """True when ``source`` (a resolution's) is an artifact: the exact one or a fallback."""
+    return source in ARTIFACT_SOURCES
+
 
 @attrs.frozen
 class OfflineHit:
-    """An artifact serving a call; ``nearest`` when tuned for a neighbouring spec."""
+    """An artifact serving a call; ``nearest`` when tuned for a neighbouring spec, ``other_device`` when
+    tuned on another product of the same arch, ``stale`` when with another toolchain."""
 
     config: Config
     path: Path
     stale: bool
     nearest: bool
     device: DeviceIdentity | None = None
+    other_device: bool = False
+
+    @property
+    def source(self) -> str:
+        """Which source of the fallback chain this hit is: :data:`EXACT` or the first of :data:`FALLBACKS` it is."""
+        if self.nearest:
+            return NEAREST
+        if self.other_device:
+            return OTHER_DEVICE
+        return OTHER_TOOLCHAIN if self.stale else EXACT
 
 
 class OfflineStore:
@@ -186,11 +212,18 @@ class OfflineStore:
         return art
 
     def _hit(self, art: Artifact, device: DeviceIdentity, nearest: bool, quiet: bool) -> OfflineHit:
+        """The hit of ``art``; serving another product's or another toolchain's artifact warns once per op and
+        device (not per spec: ``flyreg show`` and the serving record name each spec's source)."""
         staleness = art.staleness(self.op_version)
-        if not quiet and art.device.name != device.name:
-            warn_once(f"flyreg: {self.op}: no artifact for {device.name}; serving {art.path.name}, "
-                      f"tuned on {art.device.name} of the same arch {device.arch}")
+        other = art.device.name != device.name
+        if not quiet and other:
+            warn_once(f"flyreg: {self.op}: serving artifacts tuned on another product of the same arch "
+                      f"{device.arch} where {device.name} has none (first: {art.path.name}, tuned on "
+                      f"{art.device.name}); source {OTHER_DEVICE!r}",
+                      key=f"fallback:{OTHER_DEVICE}:{self.op}:{device.name}")
         if not quiet and staleness.stale:
-            warn_once(f"flyreg: {self.op}: artifact {art.path} is stale ({staleness.reason()}); "
-                      f"serving it anyway, re-tune to refresh it")
-        return OfflineHit(art.config, art.path, staleness.stale, nearest, art.device)
+            warn_once(f"flyreg: {self.op}: serving artifacts tuned with another toolchain on {device.name} "
+                      f"(first: {art.path}, {staleness.reason()}); re-tune them (`flyreg check --remeasure` "
+                      f"says which need it); they are stale",
+                      key=f"fallback:{OTHER_TOOLCHAIN}:{self.op}:{device.name}")
+        return OfflineHit(art.config, art.path, staleness.stale, nearest, art.device, other)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import attrs
 
+from flyreg._artifacts.names import parse_filename
 from flyreg._artifacts.store import Artifact
 from flyreg._artifacts.usable import read, rejection
 from flyreg._core.config import Config, JSONScalar
@@ -157,25 +158,42 @@ def _staleness(art: Artifact, op_version: str | None, found: list[Problem]) -> t
     return found, f"{', '.join(staleness.unknown)} not installed here"
 
 
+def _not_compared(unchecked: list[tuple[Path, str]], verbose: bool) -> list[str]:
+    """One line per reason for the files whose staleness this machine cannot tell, counted per op and device
+    (``fused_moe on NVIDIA_H200: 56``); every file below it only with ``verbose``. Not a problem: an
+    artifact of a device absent here."""
+    lines: list[str] = []
+    for reason in dict.fromkeys(r for _, r in unchecked):
+        paths = [p for p, r in unchecked if r == reason]
+        counts: dict[str, int] = {}
+        for p in paths:
+            parsed = parse_filename(p.name)
+            where = f"{parsed[0]} on {parsed[2]}" if parsed is not None else p.name
+            counts[where] = counts.get(where, 0) + 1
+        per = ", ".join(f"{where}: {n}" for where, n in sorted(counts.items()))
+        lines.append(f"staleness not compared ({reason}): {len(paths)} file(s) ({per})"
+                     + ("" if verbose else "; --verbose lists them"))
+        if verbose:
+            lines.extend(f"  {p}" for p in paths)
+    return lines
+
+
 def summary(report: CheckReport, *, strict: bool = False, verbose: bool = False) -> list[str]:
     """The lines ``flyreg check`` prints: each kind of finding with its count and its first
-    :data:`SHOWN` files (every file with ``verbose``), the files whose staleness this machine
-    cannot tell, then one line of totals."""
+    :data:`SHOWN` files (every file with ``verbose``), one line per reason for the files whose
+    staleness this machine cannot tell (each file with ``verbose``), then one line of totals."""
     lines: list[str] = []
     groups: dict[tuple[str, str], list[str]] = {}
     for p in report.problems:
         groups.setdefault((p.severity, p.kind), []).append(str(p))
-    for reason in dict.fromkeys(r for _, r in report.unchecked):
-        groups[("not compared", reason)] = [str(p) for p, r in report.unchecked if r == reason]
-    order = ("error", "stale", "warning", "not compared")
+    order = ("error", "stale", "warning")
     for (severity, kind), items in sorted(groups.items(), key=lambda g: order.index(g[0][0])):
-        label = _LABELS.get(kind, kind)
-        lines.append(f"{severity}: {label}: {len(items)} file(s)" if severity != "not compared" else
-                     f"staleness not compared ({label}): {len(items)} file(s)")
+        lines.append(f"{severity}: {_LABELS.get(kind, kind)}: {len(items)} file(s)")
         shown = items if verbose else items[:SHOWN]
         lines.extend(f"  {item}" for item in shown)
         if len(items) > len(shown):
             lines.append(f"  ... and {len(items) - len(shown)} more (--verbose lists every file)")
+    lines.extend(_not_compared(report.unchecked, verbose))
     failing = [p for p in report.problems if p.severity == "error" or strict]
     passing = {} if strict else {s: sum(1 for p in report.problems if p.severity == s) for s in ("stale", "warning")}
     notes = [f"{n} {'stale' if s == 'stale' else 'warning(s)'}" for s, n in passing.items() if n]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from flyreg._cli.common import user_errors
+from flyreg._cli.common import device_option, user_errors
 
 
 @click.command()
@@ -17,8 +17,27 @@ from flyreg._cli.common import user_errors
 @click.option("--verbose", "-v", is_flag=True, help="List every file of each finding, not the first few.")
 @click.option("--against-record", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Instead, list the specs a serving record (FLYREG_RECORD) saw that have no current artifact.")
+@click.option("--remeasure", is_flag=True,
+              help="Instead, re-time each artifact's config of this device's arch against the default and the "
+                   "nearest artifacts' configs, here, and say which to keep, which are stale but fine and which "
+                   "to re-tune.")
+@click.option("--op", "op_names", multiple=True, metavar="OP", help="With --remeasure: only this op (repeatable).")
+@click.option("--margin", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              metavar="PERCENT", help="With --remeasure: how much slower than the fastest config measured "
+                                      "(separably) an artifact may be before it is re-tuned.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("flyreg-remeasure.json"), show_default=True, metavar="FILE",
+              help="With --remeasure: where the JSON report goes.")
+@click.option("--workloads", is_flag=True,
+              help="With --remeasure: also time the ops' workloads that have no artifact (served by a fallback).")
+@click.option("--retune", is_flag=True, help="With --remeasure: then tune the retune set (as tune --force).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="With --retune: artifact dir (default: as flyreg tune's).")
+@device_option("With --remeasure: device to time on")
 @user_errors
-def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: Path | None) -> None:
+def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: Path | None, remeasure: bool,
+          op_names: tuple[str, ...], margin: float, report_path: Path, workloads: bool, retune: bool,
+          out: Path | None, device: str | None) -> None:
     """Validate offline artifacts in DIRs (default: every lookup directory that exists).
 
     Judges each *.json by the rule lookup uses: well-formed, named by its content, a known op, a
@@ -27,7 +46,16 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
     disabled here. Prints each kind of finding with its count and first files. Exits 1 if any
     error (with --strict, any stale artifact or warning too). With --against-record, exits 1 if a
     recorded spec has no current artifact for its device in DIRs (default: the lookup directories).
+    With --remeasure, exits 1 if an artifact should be re-tuned (with --retune: if that tune fails).
     """
+    extra = [name for name, on in (("--op", op_names), ("--workloads", workloads), ("--retune", retune),
+                                   ("--out", out is not None), ("--device", device is not None)) if on]
+    if extra and not remeasure:
+        raise click.UsageError(f"{extra[0]} needs --remeasure")
+    if out is not None and not retune:
+        raise click.UsageError("--out needs --retune")
+    if remeasure and against_record is not None:
+        raise click.UsageError("--remeasure and --against-record are two checks: run them one at a time")
     if against_record is not None:
         from flyreg._cli.record_cmds import check_against_record
 
@@ -48,10 +76,29 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
         if rec.config_dir:
             plugin_dirs.append(rec.config_dir)
     targets = list(dirs) or [d for d in lookup_dirs(plugin_dirs) if _present(d)]
+    if remeasure:
+        _remeasure(targets, list(dict.fromkeys(op_names)), device, known, margin / 100, report_path, workloads,
+                   retune, out)
+        return
     report = check_report(targets, known, accepts=accepts, unavailable=unavailable)
     for line in summary(report, strict=strict, verbose=verbose):
         click.echo(line)
     if any(p.severity == "error" or strict for p in report.problems):
+        sys.exit(1)
+
+
+def _remeasure(targets: list[Path], op_names: list[str], device: str | None, known: dict[str, str], margin: float,
+               report: Path, workloads: bool, retune: bool, out: Path | None) -> None:
+    from flyreg._cli.common import check_op_names, resolve_device
+    from flyreg._cli.remeasure import retune as retune_set
+    from flyreg._cli.remeasure import run_remeasure
+
+    check_op_names(op_names)
+    dev = resolve_device(device)
+    measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads)
+    if retune:
+        sys.exit(retune_set(measured, dev, out))
+    if any(t.row is not None and t.row["verdict"] == "retune" for t in measured):
         sys.exit(1)
 
 

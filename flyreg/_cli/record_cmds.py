@@ -8,15 +8,24 @@ from typing import Any
 
 import click
 
+from flyreg._artifacts.lookup import EXACT, FALLBACKS, NEAREST
 from flyreg._cli.plan import Job, plan_jobs
 from flyreg._cli.text import one_line, spec_str
 from flyreg._core.keys import identity_of
+from flyreg._runtime.pending import CAPTURE
 from flyreg._runtime.record_file import Served, read
 
 
+def untuned(r: Served) -> bool:
+    """Whether tuning would change what served a row: the op's default, a fallback artifact (nearest spec,
+    another product, another toolchain), or anything a key met first during CUDA-graph capture got."""
+    return (r.origin == "default" or r.source.startswith(CAPTURE) or r.source in FALLBACKS
+            or (r.origin == "offline" and r.nearest))
+
+
 def plan_from_record(path: Path, op_names: Sequence[str], device: str, out_dir: Path, force: bool) -> list[Job]:
-    """The jobs of the specs the record at ``path`` saw served by a default or a nearest artifact on this
-    device product (of ``op_names``, when given), planned as ``flyreg tune OP --spec ...`` plans them."""
+    """The jobs of the specs the record at ``path`` saw served untuned (:func:`untuned`) on this device
+    product (of ``op_names``, when given), planned as ``flyreg tune OP --spec ...`` plans them."""
     from flyreg._plugins.registry import REGISTRY
 
     rows = read(path)
@@ -28,10 +37,10 @@ def plan_from_record(path: Path, op_names: Sequence[str], device: str, out_dir: 
                                    f"({ident.arch}): tune on the device it recorded")
     wanted: dict[str, list[dict[str, Any]]] = {}
     for r in here:
-        if r.untuned and (not op_names or r.op in op_names) and r.spec not in wanted.get(r.op, []):
+        if untuned(r) and (not op_names or r.op in op_names) and r.spec not in wanted.get(r.op, []):
             wanted.setdefault(r.op, []).append(r.spec)
-    click.echo(f"from the record {path}: {sum(map(len, wanted.values()))} spec(s) served by a default or a "
-               f"nearest artifact on {ident.name} ({ident.arch})")
+    click.echo(f"from the record {path}: {sum(map(len, wanted.values()))} spec(s) served by a default, a "
+               f"fallback artifact or a capture miss on {ident.name} ({ident.arch})")
     jobs: list[Job] = []
     known = set(REGISTRY.names())
     for op, specs in wanted.items():
@@ -80,7 +89,8 @@ def check_against_record(path: Path, dirs: Sequence[Path]) -> int:
 
 
 def _source(r: Served) -> str:
-    """How a row's calls were served, in words: ``default``, ``nearest artifact``, ``cache``, ..."""
-    if r.origin == "offline":
-        return "nearest artifact" if r.nearest else "artifact"
-    return r.origin
+    """The source that served a row's calls, by its chain name (``default``, ``offline-nearest``,
+    ``capture:default``, ...); a row first served from memory is named by where its config came from."""
+    if r.source != "memory":
+        return r.source
+    return NEAREST if r.origin == "offline" and r.nearest else EXACT if r.origin == "offline" else r.origin

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -78,12 +79,25 @@ def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
     click.echo(f"source:  {r['source']}")
     if r["path"]:
         click.echo(f"path:    {r['path']}")
-    if r["nearest"]:
-        click.echo("note:    tuned for the nearest spec, not this one")
-    if r["stale"]:
-        click.echo("note:    stale: tuned with another toolchain; re-tune to refresh it")
+    for note in _notes(r):
+        click.echo(f"note:    {note}")
     if r["offline"]:
         click.echo(f"offline: {r['offline']} (served once the cache entry is gone)")
+
+
+def _notes(r: dict[str, Any]) -> list[str]:
+    """What a resolution's fallback means, a line each: the spec, product and toolchain it was tuned for."""
+    from flyreg._artifacts.names import parse_filename
+
+    notes = []
+    if r["nearest"]:
+        notes.append("tuned for the nearest spec, not this one")
+    parsed = parse_filename(Path(r["path"]).name) if r["path"] and r["source"] != "cache" else None
+    if parsed is not None and parsed[2] != r["device"]["name"]:
+        notes.append(f"tuned on {parsed[2]}, another product of the same arch {r['device']['arch']}")
+    if r["stale"]:
+        notes.append("stale: tuned with another toolchain; re-tune to refresh it")
+    return notes
 
 
 def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> None:
@@ -91,13 +105,15 @@ def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> N
     from rich.markup import escape
     from rich.table import Table
 
+    from flyreg._artifacts.lookup import NEAREST, OTHER_TOOLCHAIN
     from flyreg._cli.text import config_str, make_console, spec_str
 
     table = Table(title=f"{op} on {ident.name} ({ident.arch})")
     for col in ("spec", "config", "source", "path"):
         table.add_column(col, overflow="fold")
     for r, config in out:
-        notes = [n for n, on in (("nearest", r["nearest"]), ("stale", r["stale"])) if on]
+        notes = [n for n, on in (("nearest", r["nearest"] and r["source"] != NEAREST),
+                                 ("stale", r["stale"] and r["source"] != OTHER_TOOLCHAIN)) if on]
         source = r["source"] + (f" ({', '.join(notes)})" if notes else "")
         table.add_row(escape(spec_text(r)), escape(config_str(config)), source, escape(r["path"] or "-"))
     make_console().print(table)

@@ -307,6 +307,8 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
         version=rec.version, config_dirs=[rec.config_dir] if rec.config_dir else [], ordered_axes=rec.ordered_axes,
         timing=rec.timing, strategy=rec.strategy, spec_check=plugin.check_spec if rec.axes else None,
     )
+    if plugin.implements("make_inputs"):
+        tuner.make_inputs = plugin.make_inputs
     return tuner
 
 

@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from flyreg._artifacts import cache
-from flyreg._artifacts.lookup import OfflineStore
+from flyreg._artifacts.lookup import OfflineStore, is_artifact
 from flyreg._artifacts.usable import config_problem
 from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
@@ -26,6 +26,7 @@ from flyreg._core.fileio import warn_once
 from flyreg._core.keys import (DeviceIdentity, cache_key, cache_key_prefix, env_values, identity_of,
                                normalize_spec)
 from flyreg._core.results import GraphCaptureError, Resolution, TuneError
+from flyreg._runtime import pending
 from flyreg._runtime.searching import search
 from flyreg._runtime.state import TunerState, spec_key
 from flyreg._search.engine import Call
@@ -39,11 +40,15 @@ def autotune_forced() -> bool:
 
 
 def capturing(device: Any) -> bool:
-    """True while the current CUDA stream of ``device`` is capturing a CUDA graph; False off CUDA.
+    """True while the current CUDA stream of ``device`` is capturing a CUDA graph. A call on another device
+    (the CPU) counts as in capture while the current CUDA stream captures: a search then would stall the
+    capture. False where CUDA was never initialized (nothing can be capturing; the query would initialize it).
 
     Asked only when a call's key is not yet resolved in memory, never on the steady-state call.
     """
-    if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+    if getattr(device, "type", None) != "cuda":
+        return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    if not torch.cuda.is_available():
         return False
     with torch.cuda.device(device):
         return torch.cuda.is_current_stream_capturing()
@@ -103,7 +108,12 @@ class ScratchCache:
 class Artifacts:
     """The offline artifacts. ``exact``: only the artifact lookup serves first for exactly this spec on
     this product (quietly); ``exact_current``: that one, and only when current (emission's and
-    ``flyreg tune``'s notion of done); ``dirs`` replaces the lookup directories."""
+    ``flyreg tune``'s notion of done); ``dirs`` replaces the lookup directories.
+
+    A hit's source names the link of the fallback chain that served it
+    (:data:`~flyreg._artifacts.lookup.ARTIFACT_SOURCES`): ``offline`` (the exact artifact),
+    ``offline-nearest``, ``offline-other-device``, ``offline-other-toolchain``; its origin is ``offline``.
+    """
 
     name = "offline"
 
@@ -118,7 +128,7 @@ class Artifacts:
         hit = store.lookup(req.spec, req.ident, tuner.space.accepts, exact_only=self.exact, quiet=self.exact)
         if hit is None or (self.exact_current and hit.stale):
             return None
-        return Resolution(tuner.space.canonical(hit.config, req.spec), "offline", req.spec, "offline",
+        return Resolution(tuner.space.canonical(hit.config, req.spec), hit.source, req.spec, "offline",
                           path=str(hit.path), stale=hit.stale, nearest=hit.nearest)
 
 
@@ -218,9 +228,9 @@ def what_serves(tuner: TunerState, spec: dict[str, Any], device: Any = None,
     first = next(found, None)
     if first is None:
         raise LookupError(f"{tuner.name}: no cached, offline or default config for spec {req.spec}; tune it first")
-    if first.source == "offline" or not offline_too:
-        return first, first if first.source == "offline" else None
-    return first, next((r for r in found if r.source == "offline"), None)
+    if is_artifact(first.source) or not offline_too:
+        return first, first if is_artifact(first.source) else None
+    return first, next((r for r in found if is_artifact(r.source)), None)
 
 
 def current_artifact(tuner: TunerState, spec: Spec, ident: DeviceIdentity, directory: Path) -> Resolution | None:
@@ -246,15 +256,30 @@ def resolve_call(tuner: TunerState, req: Request) -> Resolution:
     in_capture = capturing(req.call.device)
     forced = autotune_forced()
     chain = IN_CAPTURE if in_capture else FORCED if forced else EMITTING if tuner.emit else CHAIN
-    res = resolve(tuner, req, chain[1:])
+    try:
+        res = resolve(tuner, req, chain[1:])
+    except GraphCaptureError:
+        if in_capture:
+            _keep_pending(tuner, req, "nothing")
+        raise
     assert res is not None  # the chain ends in a search, which resolves or raises
     if in_capture:
         skipped = " (FLYREG_AUTOTUNE=1 ignored)" if forced else " (emission skipped)" if tuner.emit else ""
         warn_once(f"flyreg: {tuner.name}: spec {req.spec} was first called while a CUDA graph was being captured; "
                   f"serving the {res.source} config {res.config} with no search{skipped}. Call the op once with "
-                  f"these shapes before capture", key=f"capture:{tuner.name}:{spec_key(req.spec)}")
+                  f"these shapes before capture, or call flyreg.tune_pending() after it",
+                  key=f"capture:{tuner.name}:{spec_key(req.spec)}")
+        if pending.missed(res, forced, tuner.emit):
+            _keep_pending(tuner, req, res.source)
+            res = attrs.evolve(res, source=pending.CAPTURE + res.source)
     tuner.memory.record(req.pkey, req.spec, req.ident, res)
     return res
+
+
+def _keep_pending(tuner: TunerState, req: Request, served_by: str) -> None:
+    """Keep a key missed during capture for :func:`flyreg._runtime.pending.tune_pending`."""
+    assert req.call is not None and req.pkey is not None
+    pending.note(tuner, req.spec, req.ident, req.pkey, req.call.device, served_by, req.call.args, req.call.kwargs)
 
 
 def _from_entry(tuner: TunerState, entry: dict[str, Any], spec: Spec) -> Resolution | None:

@@ -129,6 +129,9 @@ class Autotuner:
         self.memory = Memory()
         self._bound: dict[Any, Launcher] = {}
         self._counted: dict[Any, Any] = {}  # while recording: the counters that replace _bound (record.py)
+        #: ``make_inputs(spec, device) -> (args, kwargs)``: a call's inputs for a spec, where the op has the hook
+        #: (a plugin's); :func:`flyreg.tune_pending` tunes a key missed during capture on them.
+        self.make_inputs: Callable[[dict[str, JSONScalar], str], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
         record.track(self)
 
     @property

@@ -85,3 +85,71 @@ def toy_site(root: Path) -> Path:
     """The site dir of the fake distribution ``toy-ops`` under ``root``."""
     return fake_distribution(root, NAME, ENTRY_POINTS,
                              {"flyreg_toy_ops/__init__.py": "", "flyreg_toy_ops/toyscale.py": MODULE})
+
+
+NAP_NAME = "nap-ops"
+NAP_ENTRY_POINTS = "[flyreg.ops]\ntoynap = flyreg_nap_ops.toynap:OP\n"
+#: The sleep of each config (ms): well apart, so even a loaded machine times them in this order.
+NAPS = (1, 6, 18)
+NAP_DEFAULT = 6
+NAP_MODULE = '''
+"""toynap: out = 2 x after a nap of NAP ms (configs differ in time by their naps alone)."""
+import time
+
+import torch
+
+from flyreg.plugin import Axis, Config, OpRecord, hookimpl
+
+NAPS = %r
+DEFAULT = %r
+
+
+class _Nap:
+    @hookimpl
+    def specialize(self, args, kwargs):
+        return {"n": args[0].numel()}
+
+    @hookimpl
+    def build(self, config, spec):
+        nap = config.kwargs["NAP"] / 1000
+
+        def launch(x):
+            time.sleep(nap)
+            return x * 2
+
+        return launch
+
+    @hookimpl
+    def configs(self, spec):
+        return [Config({"NAP": n}) for n in NAPS]
+
+    @hookimpl
+    def default(self, spec):
+        return Config({"NAP": DEFAULT})
+
+    @hookimpl
+    def workloads(self, device):
+        return [{"n": n} for n in (64, 4096)]
+
+    @hookimpl
+    def make_inputs(self, spec, device):
+        return (torch.randn(spec["n"], device=device),), {}
+
+    @hookimpl
+    def reference(self, args, kwargs):
+        return args[0].double() * 2
+
+    @hookimpl
+    def describe(self):
+        return OpRecord(description="out = 2 x after a nap", version="1", arg_names=["x"],
+                        axes=[Axis("n", int, ordered=True)])
+
+
+OP = _Nap()
+''' % (NAPS, NAP_DEFAULT)
+
+
+def nap_site(root: Path) -> Path:
+    """The site dir of the fake distribution ``nap-ops`` (op ``toynap``) under ``root``."""
+    return fake_distribution(root, NAP_NAME, NAP_ENTRY_POINTS,
+                             {"flyreg_nap_ops/__init__.py": "", "flyreg_nap_ops/toynap.py": NAP_MODULE})

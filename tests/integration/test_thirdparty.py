@@ -171,7 +171,7 @@ def test_served_offline_by_name_in_a_fresh_process(site: Path, first_process: An
                                str(dirs["configs"] / artifact_name("scale", SCALE_SPEC, device)), 0]
     assert served["rowsum"] == ["offline", rowsum_config,
                                 str(dirs["configs"] / artifact_name("rowsum", ROWSUM_SPEC, device))]
-    assert served["near"] == ["offline", True, rowsum_config]
+    assert served["near"] == ["offline-nearest", True, rowsum_config]
     assert served["rows"] == [SCALE_SPEC, scale_config]
     assert served["typo"].startswith("scale: spec {'M': 256, 'N': 64, 'dtyp': 'float32'} does not fit the op's axes: "
                                      "missing dtype; unknown axis dtyp (did you mean dtype?). Axes: ")

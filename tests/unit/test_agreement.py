@@ -123,7 +123,7 @@ def test_a_neighbour_whose_own_spec_the_op_rejects_is_an_error_and_never_served(
     good = Path(str(make_tuner().tune(x, torch.empty_like(x), out_dir=configs_dir).artifact))
     assert check_artifacts([configs_dir], {OP: "0"}, accepts=accepts) == [problem]
     res, _ = quietly(lambda: make_tuner().resolve_spec({"M": 16}))
-    assert (res.source, res.path, res.nearest) == ("offline", str(good), True)
+    assert (res.source, res.path, res.nearest) == ("offline-nearest", str(good), True)
 
 
 def test_an_unsanitized_device_name_is_an_error_and_never_served(isolated_dirs: dict[str, Path], tmp_path: Path,
@@ -145,7 +145,7 @@ def test_an_unsanitized_device_name_is_an_error_and_never_served(isolated_dirs: 
     (again,) = check_artifacts([both], {OP: "0"}, accepts=accepts)
     assert (again.path.name, again.severity, again.kind) == (path.name, "error", "unsanitized")
     res, said = quietly(lambda: make_tuner().resolve_spec({"M": 64}))
-    assert (res.source, res.path) == ("offline", str(fixed)) and any("same arch" in m for m in said)
+    assert (res.source, res.path) == ("offline-other-device", str(fixed)) and any("same arch" in m for m in said)
 
 
 def _tune_into_cache(op_version: str) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:

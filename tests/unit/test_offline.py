@@ -409,7 +409,7 @@ def test_same_arch_other_product_served_with_warning(isolated_dirs: dict[str, Pa
     path = write_artifact(isolated_dirs["configs"], Config({"CHUNK": 256}), device=sibling)
     with pytest.warns(FlyregWarning, match="same arch"):
         res = make_tuner().resolve_spec(SPEC)
-    assert (res.source, res.path, res.config) == ("offline", str(path), Config({"CHUNK": 256}))
+    assert (res.source, res.path, res.config) == ("offline-other-device", str(path), Config({"CHUNK": 256}))
 
 
 def test_exact_product_beats_same_arch(isolated_dirs: dict[str, Path], tmp_path: Path,
@@ -443,7 +443,7 @@ def test_nearest_lookup_over_ordered_axes(isolated_dirs: dict[str, Path]) -> Non
     write_artifact(configs, Config({"CHUNK": 4096}), {"N": 16384, "dtype": "float32"})
     write_artifact(configs, Config({"CHUNK": 4096}), {"N": 2048, "dtype": "float16"})  # other fixed axis
     res = make_tuner(ordered_axes=["N"]).resolve_spec({"N": 2048, "dtype": "float32"})
-    assert (res.source, res.path, res.nearest) == ("offline", str(small), True)
+    assert (res.source, res.path, res.nearest) == ("offline-nearest", str(small), True)
     assert res.config == Config({"CHUNK": 256})
     big = make_tuner(ordered_axes=["N"]).resolve_spec({"N": 10000, "dtype": "float32"})
     assert big.nearest and big.config == Config({"CHUNK": 4096})
@@ -489,7 +489,7 @@ def test_stale_artifact_served_and_reported(edit: str, isolated_dirs: dict[str, 
         version = "2"
     with pytest.warns(FlyregWarning, match="stale"):
         res = make_tuner(version=version).resolve_spec(SPEC)
-    assert (res.source, res.stale, res.config) == ("offline", True, Config({"CHUNK": 4096}))
+    assert (res.source, res.stale, res.config) == ("offline-other-toolchain", True, Config({"CHUNK": 4096}))
     problems = check_artifacts([configs], {OP: version})
     assert [(p.path, p.severity) for p in problems] == [(path, "stale")]
 
@@ -593,13 +593,14 @@ def test_lookup_never_raises_nor_serves_a_foreign_file(files: list[tuple[str, by
     if res.source == "default":
         assert res.config == DEFAULT
         return
-    assert res.source == "offline" and not res.nearest
+    assert res.origin == "offline" and not res.nearest and res.source != "offline-nearest"
     art = json.loads(Path(str(res.path)).read_text())
     assert art["op"] == OP
     assert canonical(art["spec"]) == canonical(SPEC)
     assert art["device"]["arch"] == CPU.arch
     assert Config.from_json(art["config"]) == res.config and set(res.config.kwargs) == {"CHUNK"}
     assert Path(str(res.path)).name == artifact_name(OP, SPEC, art["device"]["name"])
+    assert (res.source == "offline-other-device") == (art["device"]["name"] != CPU.name)
     if art["device"]["name"] != CPU.name:  # warned once a process (an earlier example may have seen it)
         name = Path(str(res.path)).name
         assert any("same arch" in m for m in flyreg_warnings(record)) or name in SIBLINGS_SERVED

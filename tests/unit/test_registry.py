@@ -451,7 +451,7 @@ def test_resolve_sources(registered: Callable[..., None], isolated_dirs: dict[st
         assert not offline.stale and not offline.nearest
     # ordered_axes=["M"]: a spec with no artifact borrows the nearest M's.
     near = flyreg.resolve_spec("rowscale", {"M": 300, "N": 32, "op": "scale"})
-    assert (near.source, near.nearest, near.config) == ("offline", True, searched.config)
+    assert (near.source, near.nearest, near.config) == ("offline-nearest", True, searched.config)
     assert flyreg.op("rowscale").stats.searches == 0
 
 
