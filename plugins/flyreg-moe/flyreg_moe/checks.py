@@ -8,6 +8,7 @@ dtype (bfloat16 or float16). Each failure is a ValueError or TypeError naming th
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,8 @@ import torch
 #: Dtypes of x, w1 and w2.
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 ID_DTYPES = (torch.int32, torch.int64)
+#: The setting that turns on checking the ids' values on every call (see :func:`check_ids_every_call`).
+CHECK_IDS_ENV = "FLYREG_MOE_CHECK_IDS"
 
 
 class MoEArgs(NamedTuple):
@@ -95,3 +98,16 @@ def check_ids(topk_ids: torch.Tensor, E: int) -> None:
     if lo < 0 or hi >= E:
         raise ValueError(f"fused_moe: topk_ids must be expert indices in [0, {E}) (w1 has E={E}), "
                          f"got values from {lo} to {hi}")
+
+
+def check_ids_every_call() -> bool:
+    """Whether :data:`CHECK_IDS_ENV` asks for the ids' values to be checked on every call outside CUDA-graph
+    capture (``1``, ``true``, ``on`` or ``yes``), not only on a call signature's first; read when a call
+    signature is bound. ValueError naming the setting for any other value than those or ``0``, ``false``,
+    ``off``, ``no`` and empty."""
+    value = os.environ.get(CHECK_IDS_ENV, "").strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("", "0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{CHECK_IDS_ENV} must be 1 or 0 (or true/false, on/off, yes/no), got {value!r}")

@@ -15,6 +15,9 @@ last row tile multiply only the half or quarter of BLOCK_M it needs; offered whe
 least BLOCK_M rows on average, absent means none. ``BLOCK_N_DOWN`` (256) gives GEMM 2 tiles twice as wide
 as GEMM 1's 128 columns (:func:`wide_down_fits`); absent means BLOCK_N. ``SLOT_H`` (h stored by slot) is a bind
 option of ``triton_moe`` that the spaces do not offer (1 to 4 % faster at M >= 2048 on the H200, within the noise).
+``DECODE=True`` is the decode path (:mod:`.decode`: two launches, tokens as a tile's rows, no routing, the
+top-k sum folded into GEMM 2), offered up to :data:`DECODE_ROWS` rows (:func:`decode_configs`); absent means
+the grouped path.
 CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
 """
 
@@ -47,6 +50,13 @@ MAX_ACC_PER_THREAD = 128
 SPLIT_ROWS = 64
 #: Multiprocessors of the H200: the default splits GEMM 2 until its programs fill them once.
 SMS = 132
+#: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
+DECODE_ROWS = 64
+#: Rows up to which the default takes the decode path.
+DECODE_DEFAULT_ROWS = 16
+#: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
+DECODE_NS = (16, 32, 64, 128)
+DECODE_N_DOWNS = (16, 32, 64)
 
 
 def _next_pow2(n: int) -> int:
@@ -123,8 +133,39 @@ def _groups(spec: Mapping[str, Any]) -> list[int]:
     return [g for g in GROUP_MS if g == 1 or g < tiles_m]
 
 
+def decode_block_m(M: int) -> int:
+    """The decode path's token tile at M rows: every token in one tile (at least 16 rows, for tl.dot)."""
+    return max(BLOCK_MS[0], _next_pow2(M))
+
+
+def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Decode-path configs for ``spec`` (none above :data:`DECODE_ROWS` rows): every token in one tile,
+    GEMM 1 and GEMM 2 column tiles and depths whose pipelines fit shared memory."""
+    M = shape(spec)[0]
+    if M > DECODE_ROWS:
+        return []
+    bm = decode_block_m(M)
+    out = []
+    for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES):
+        if max(_smem(bm, bn, bk, stages), stages * (bm * bk + bk * bnd) * 2) > SMEM_BYTES:
+            continue
+        if warps == 8 and bm * max(bn, bnd) < 4096:  # 8 warps only where each holds 16 accumulator rows
+            continue
+        out.append(Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1,
+                           "BLOCK_N_DOWN": bnd, "DECODE": True}, num_warps=warps, num_stages=stages))
+    return out
+
+
+def decode_default(spec: Mapping[str, Any]) -> Config:
+    """The decode path's no-search config (a member of :func:`decode_configs`)."""
+    M = shape(spec)[0]
+    return Config({"BLOCK_M": decode_block_m(M), "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "SPLIT_K": 1,
+                   "BLOCK_N_DOWN": 16, "DECODE": True}, num_warps=4, num_stages=4)
+
+
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Candidate configs for ``spec``, pruned by shared memory, registers and the rows per expert."""
+    """Candidate configs for ``spec``, pruned by shared memory, registers and the rows per expert, and
+    the decode path's (:func:`decode_configs`)."""
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     max_bm = max(BLOCK_MS[0], _next_pow2(r))
@@ -143,7 +184,7 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
                      **({"TMA": True} if tma else {}), **({"TAILS": tail} if tail else {}),
                      **({"BLOCK_N_DOWN": down} if down else {})}
             out.append(Config(knobs, num_warps=warps, num_stages=stages))
-    return out
+    return out + decode_configs(spec)
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
@@ -166,8 +207,12 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     menu's best in 9 of 9 cells; the tiles they replaced (32 x 128 x 64 without tails, 64 x 256 below
     N = 2048) read up to 1.17x slower. (``benchmarks/moe_knob_ab.py`` at M >= 1024 on Mixtral and gpt-oss:
     TMA 1 to 10 % faster, quarter tails 1 to 19 % up to M = 4096.)
+
+    Up to :data:`DECODE_DEFAULT_ROWS` rows: the decode path (:func:`decode_default`).
     """
     M, E, N, K, topk = shape(spec)
+    if M <= DECODE_DEFAULT_ROWS:
+        return decode_default(spec)
     r = rows_per_expert(spec)
     if r <= 8:
         bm, bn, bk, warps, stages, group, tails = 16, 128, 128, 4, 3, 1, 0

@@ -2,7 +2,8 @@
 
 :func:`bind_fused_moe` checks a call, sizes every grid from the shapes alone (:class:`.routing_plan.RoutingPlan`)
 and compiles the kernels; the launcher it returns allocates the call's buffers and launches six
-kernels (seven unfused), none of which waits on the host, so a CUDA graph can capture the call.
+kernels (seven unfused), none of which waits on the host, so a CUDA graph can capture the call; with the
+knob ``DECODE``, the two of :mod:`.decode` instead.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import triton
 from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted
 
 from . import gemm_kernels as gk
-from . import routing, space
-from .checks import check_ids, check_moe
+from . import decode, routing, space
+from .checks import check_ids, check_ids_every_call, check_moe
 from .routing_plan import RoutingPlan, RoutingViews
 
 #: Columns a reduction (and an unfused SiLU-and-mul) program covers at most.
@@ -27,9 +28,9 @@ POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_N_DOWN": 16}
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
-                TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None) -> None:
+                TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None, DECODE: bool = False) -> None:
     """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes; BLOCK_N_DOWN
-    may also be None), an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, SLOT_H), or 0, 1 or 2 with
+    may also be None), an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, SLOT_H, DECODE), or 0, 1 or 2 with
     BLOCK_M >> TAILS >= 16 (TAILS)."""
     for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("BLOCK_K", BLOCK_K),
                         ("BLOCK_N_DOWN", BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN)):
@@ -38,7 +39,7 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
     for name, value in (("GROUP_M", GROUP_M), ("SPLIT_K", SPLIT_K)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"fused_moe: {name} must be an int >= 1, got {value!r}")
-    for name, flag in (("TMA", TMA), ("SLOT_H", SLOT_H)):
+    for name, flag in (("TMA", TMA), ("SLOT_H", SLOT_H), ("DECODE", DECODE)):
         if not isinstance(flag, bool):
             raise ValueError(f"fused_moe: {name} must be a bool, got {flag!r}")
     if (isinstance(TAILS, bool) or not isinstance(TAILS, int) or TAILS not in space.TAILS
@@ -87,7 +88,7 @@ def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
                    TMA: bool = False, TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None,
-                   num_warps: int | None = None,
+                   DECODE: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None, fused_silu: bool = True) -> Callable[..., torch.Tensor]:
     """The launcher of calls shaped like this one: ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``.
 
@@ -103,9 +104,13 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     where the weights are; SiLU-and-mul must be fused.
     ``BLOCK_N_DOWN``: output columns of a GEMM 2 tile (default BLOCK_N), so GEMM 2 may take a wider tile
     than GEMM 1, whose BLOCK_N columns each hold a gate and an up column.
+    ``DECODE``: the two launches of :mod:`.decode` (tokens as a tile's rows, no routing, the top-k sum in
+    GEMM 2), with BLOCK_M, BLOCK_N, BLOCK_N_DOWN and BLOCK_K; the other knobs are checked and unused.
+    With ``FLYREG_MOE_CHECK_IDS=1`` every call outside graph capture checks the ids' values
+    (:func:`.checks.check_ids_every_call`), not only the first.
     """
     M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, SLOT_H, BLOCK_N_DOWN)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, SLOT_H, BLOCK_N_DOWN, DECODE)
     bn_down = BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN
     if SLOT_H and not fused_silu:
         raise ValueError("fused_moe: SLOT_H needs SiLU-and-mul fused into GEMM 1 (fused_silu=True)")
@@ -114,6 +119,11 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     dtype, device = x.dtype, x.device
     if M == 0:
         return lambda x, w1, w2, topk_weights, topk_ids: torch.empty((0, K), dtype=dtype, device=device)
+    if DECODE:
+        run = decode.bind_decode(x, w1, w2, topk_weights, topk_ids, M=M, K=K, N=N, E=E, topk=topk, x_stride=x_stride,
+                                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_N_DOWN=bn_down,
+                                 num_warps=num_warps, num_stages=num_stages)
+        return _checked(run, E) if check_ids_every_call() else run
     P = M * topk
     plan = RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m = plan.tiles
@@ -189,7 +199,19 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         reduce(y, ids, out, M, topk, split, E, K)
         return out
 
-    return run
+    return _checked(run, E) if check_ids_every_call() else run
+
+
+def _checked(run: Callable[..., torch.Tensor], E: int) -> Callable[..., torch.Tensor]:
+    """``run`` checking the ids' values on every call outside CUDA-graph capture (a sync a call)."""
+
+    def checked(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+        if not _capturing(topk_ids):
+            check_ids(topk_ids, E)
+        return run(x, w1, w2, topk_weights, topk_ids)
+
+    return checked
 
 
 def fused_moe_triton(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -1,9 +1,28 @@
-"""What the fused-MoE tests share: an independent float32 reference and random calls with chosen routings."""
+"""What the fused-MoE tests share: an independent float32 reference, random calls with chosen routings, the
+model shapes, and the marks for tests that need Triton or a GPU."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 import torch.nn.functional as F
+
+try:
+    from flyreg_moe import triton_moe
+except ImportError:  # triton not installed
+    triton_moe = None
+
+HAS_CUDA = torch.cuda.is_available()
+TRITON_OK = triton_moe is not None and (HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1")
+needs_triton = pytest.mark.skipif(not TRITON_OK, reason="triton not importable, or no GPU and no interpreter")
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+#: (E, K, N, topk) of the model shapes the gpu tests run.
+MODEL = {"Mixtral-8x7B": (8, 4096, 14336, 2), "Qwen3-30B-A3B": (128, 2048, 768, 8),
+         "DeepSeek-V2-Lite": (64, 2048, 1408, 6), "gpt-oss-20b": (32, 2880, 2880, 4)}
 
 #: Relative Frobenius error allowed against the float32 reference, by dtype (bf16 keeps 8 bits).
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}

@@ -7,7 +7,6 @@ conftest.py) on CPU tensors at tiny shapes; tests marked ``gpu`` run the model s
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
@@ -16,17 +15,7 @@ import flyreg
 from flyreg.plugin import Config
 from flyreg_moe import cpu, space
 
-from moe_cases import TOL, call, reference, rel_err
-
-try:
-    from flyreg_moe import triton_moe
-except ImportError:  # triton not installed
-    triton_moe = None
-
-HAS_CUDA = torch.cuda.is_available()
-TRITON_OK = triton_moe is not None and (HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1")
-needs_triton = pytest.mark.skipif(not TRITON_OK, reason="triton not importable, or no GPU and no interpreter")
-DEVICE = "cuda" if HAS_CUDA else "cpu"
+from moe_cases import DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_moe
 
 #: (M, E, N, K, topk, routing): M = 0, 1, 7 and many; topk = 1; N and K not powers of two; one expert
 #: taking every pair; experts with no token.
@@ -292,10 +281,6 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[2], "TAILS": 3})
 
 
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-MODEL = {"Mixtral-8x7B": (8, 4096, 14336, 2), "Qwen3-30B-A3B": (128, 2048, 768, 8),
-         "DeepSeek-V2-Lite": (64, 2048, 1408, 6), "gpt-oss-20b": (32, 2880, 2880, 4)}
 
 
 def _gpu_call(M: int, shape: tuple[int, int, int, int], dtype: torch.dtype = torch.bfloat16) -> tuple:

@@ -1,0 +1,193 @@
+"""Fused MoE against the incumbent: flyreg's whole call against SGLang's Triton fused MoE, per model shape and M.
+
+Per cell (model shape, M), on one GPU, in one process:
+
+* ``incumbent``: SGLang's bf16 fused MoE from its published wheel (:mod:`.incumbent`: its alignment, both
+  GEMMs, activation and top-k sum, under its own config lookup: its shipped file for the device where one
+  exists, nearest M, else its default rule; the output says which, and names the stand-ins for its CUDA
+  extension);
+* ``flyreg``: ``flyreg.op("fused_moe")``, serving what lookup gives (the shipped artifact, or the default);
+* ``default``: the op's kernels under its no-search default config (the decode path up to 16 rows).
+
+Every implementation is first checked against a float32 reference (``fused_moe_reference``) on fresh
+random inputs, then timed: ``--sets`` input sets (x, routing weights and ids drawn apart; one copy of the
+weights) are cycled through the calls captured in one CUDA graph, so a call rarely finds the experts it
+reads in L2; time per call = replay time / calls, median of ``--reps`` replays; each implementation is timed
+in ``--rounds`` rounds, each starting further along the implementations, and the median round is
+reported. ``floor`` is the weight-bandwidth floor: the bytes of the distinct experts' weights a call reads
+(3 N K elements an expert, averaged over the sets) over the device-to-device copy bandwidth measured in
+the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = incumbent time / flyreg time.
+
+    python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ...] [--M 1 2 ...] [--json out.json]
+        [--menu]  (also time the decode path's menu, :data:`MENU`, at each cell)
+
+``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
+``unzip sglang-0.5.23-*.whl 'sglang/kernels/*' 'sglang/srt/layers/moe/*' -d DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import flyreg
+
+from flyreg._core.peaks import copy_bandwidth
+from flyreg.plugin import Config
+from flyreg_moe import space, triton_moe
+from flyreg_moe.cpu import fused_moe_reference
+from flyreg_moe.ops import MODEL_SHAPES
+
+from . import incumbent as inc
+
+#: Device time one graph replay holds at least.
+REPLAY_MS = 2.0
+#: Decode-path tiles timed with --menu: (BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages).
+MENU = ((32, 16, 256, 4, 4), (16, 16, 256, 4, 4), (64, 16, 256, 4, 4), (32, 32, 256, 4, 4), (32, 16, 128, 4, 4),
+        (32, 16, 128, 4, 5), (16, 16, 512, 4, 3), (32, 16, 256, 8, 3), (64, 32, 128, 4, 4), (128, 64, 128, 4, 3))
+
+
+def routed(M: int, E: int, K: int, topk: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """(x, topk_weights, topk_ids) of M fresh tokens, each routed to topk distinct experts."""
+    x = torch.randn((M, K), generator=gen, device="cuda").to(torch.bfloat16)
+    top, ids = torch.topk(torch.randn((M, E), generator=gen, device="cuda"), topk, dim=1)
+    return x, torch.softmax(top, dim=1), ids.to(torch.int32)
+
+
+def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
+    """Median ms per call of ``calls`` (run in order) captured in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls[:2]:
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del graph
+    return statistics.median(times) / len(calls)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, rounds: int, bw: float,
+               menu: bool) -> dict[str, Any]:
+    E, K, N, topk = MODEL_SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(M)
+    w1 = (torch.randn((E, 2 * N, K), generator=gen, device="cuda") * K ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn((E, K, N), generator=gen, device="cuda") * N ** -0.5).to(torch.bfloat16)
+    inputs = [routed(M, E, K, topk, gen) for _ in range(sets)]
+    spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
+    x0, tw0, ids0 = inputs[0]
+    incumbent = inc.Incumbent(mods, x0, w1, w2, ids0)
+    served = flyreg.resolve_spec("fused_moe", spec, "cuda")
+    configs: dict[str, Config] = {"default": space.triton_default(spec)}
+    if menu and M <= space.DECODE_ROWS:
+        bm = space.decode_block_m(M)
+        for bn, bnd, bk, warps, stages in MENU:
+            configs[f"menu {bn}/{bnd}/{bk}/{warps}w/{stages}s"] = Config(
+                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
+                 "DECODE": True}, num_warps=warps, num_stages=stages)
+    op = flyreg.op("fused_moe")
+    runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
+    for key, cfg in configs.items():
+        runs[key] = triton_moe.bind_fused_moe(x0, w1, w2, tw0, ids0, **cfg.kwargs, **cfg.hints)
+    aligned = [None if incumbent.in_graph_align else incumbent.aligned(ids) for _, _, ids in inputs]
+    row: dict[str, Any] = {"model": name, "E": E, "K": K, "N": N, "topk": topk, "M": M,
+                           "incumbent_config": incumbent.config, "incumbent_config_source": incumbent.config_source,
+                           "incumbent_notes": incumbent.notes, "flyreg_config": str(served.config),
+                           "flyreg_source": served.source, "default_config": str(configs["default"])}
+    # Correctness on fresh inputs (not among the timed sets).
+    x, tw, ids = routed(M, E, K, topk, gen)
+    ref = fused_moe_reference(x, w1, w2, tw, ids)
+    row["incumbent_rel_err"] = rel_err(incumbent(x, w1, w2, tw, ids, None if incumbent.in_graph_align
+                                                 else incumbent.aligned(ids)), ref)
+    for key, run in runs.items():
+        row[f"{key}_rel_err"] = rel_err(run(x, w1, w2, tw, ids), ref)
+    # Each call of a replay takes the next input set.
+    fns: dict[str, Callable[[int], Any]] = {
+        "incumbent": lambda s: incumbent(inputs[s][0], w1, w2, inputs[s][1], inputs[s][2], aligned[s])}
+    for key, run in runs.items():
+        fns[key] = lambda s, run=run: run(inputs[s][0], w1, w2, inputs[s][1], inputs[s][2])
+    expert_bytes = 3 * N * K * w1.element_size()
+    distinct = statistics.mean(torch.unique(ids).numel() for _, _, ids in inputs)
+    row["floor_ms"] = distinct * expert_bytes / bw * 1e3
+    calls = sets * max(1, math.ceil(REPLAY_MS / row["floor_ms"] / sets))
+    keys = list(fns)
+    times: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        shift = r * len(keys) // rounds
+        for k in keys[shift:] + keys[:shift]:
+            times[k].append(graph_ms([lambda s=i % sets, f=fns[k]: f(s) for i in range(calls)], reps))
+    for k in keys:
+        row[f"{k}_ms"], row[f"{k}_round_ms"] = statistics.median(times[k]), times[k]
+        row[f"{k}_floor_pct"] = 100 * row["floor_ms"] / row[f"{k}_ms"]
+    for k in keys[1:]:
+        row[f"ratio_{k}"] = row["incumbent_ms"] / row[f"{k}_ms"]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sglang", required=True, help="folder holding the sglang wheel's sglang/ tree")
+    p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
+    p.add_argument("--M", nargs="*", type=int, default=list(space.M_BUCKETS))
+    p.add_argument("--sets", type=int, default=8, help="input sets the calls of a replay cycle through")
+    p.add_argument("--reps", type=int, default=5, help="replays a timing takes the median of")
+    p.add_argument("--rounds", type=int, default=3, help="timings of each implementation a cell takes the median of")
+    p.add_argument("--menu", action="store_true", help="also time the decode path's menu of tiles")
+    p.add_argument("--json", default=None, help="write the rows here")
+    a = p.parse_args()
+    mods = inc.load(a.sglang)
+    bw = copy_bandwidth("cuda", repeats=20)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "copy_bandwidth_GBps": bw / 1e9}
+    print(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {bw / 1e9:.0f} GB/s",
+          flush=True)
+    print("model | M | incumbent us | flyreg us | default us | ratio flyreg | ratio default | floor us | "
+          "% floor flyreg | % floor default | incumbent config | errors (inc/flyreg/default)", flush=True)
+    rows = []
+    for name in a.shapes:
+        for M in a.M:
+            r = bench_cell(mods, name, M, a.sets, a.reps, a.rounds, bw, a.menu)
+            torch.cuda.empty_cache()
+            rows.append(r)
+            print(f"{name} | {M} | {r['incumbent_ms'] * 1e3:.1f} | {r['flyreg_ms'] * 1e3:.1f} | "
+                  f"{r['default_ms'] * 1e3:.1f} | {r['ratio_flyreg']:.2f}x | {r['ratio_default']:.2f}x | "
+                  f"{r['floor_ms'] * 1e3:.1f} | {r['flyreg_floor_pct']:.0f} | {r['default_floor_pct']:.0f} | "
+                  f"{r['incumbent_config_source']} | {r['incumbent_rel_err']:.1e}/{r['flyreg_rel_err']:.1e}/"
+                  f"{r['default_rel_err']:.1e}", flush=True)
+            menu = {k: v for k, v in r.items() if k.startswith("menu ") and k.endswith("_ms")
+                    and not k.endswith("_round_ms")}
+            if menu:
+                best = min(menu, key=menu.get)
+                print(f"  menu best {best.removesuffix('_ms')}: {menu[best] * 1e3:.1f} us "
+                      f"({100 * r['floor_ms'] / menu[best]:.0f} % floor); " + ", ".join(
+                          f"{k.removeprefix('menu ').removesuffix('_ms')}={v * 1e3:.1f}" for k, v in menu.items()),
+                      flush=True)
+            if a.json:
+                with open(a.json, "w", encoding="utf-8") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

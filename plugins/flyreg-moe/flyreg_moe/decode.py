@@ -1,0 +1,173 @@
+"""The decode path of the fused MoE: two launches, no routing kernels, each selected expert's weights read once.
+
+Where few tokens come (M up to a row tile, ``BLOCK_M``), the rows of a tile are the tokens themselves, not
+sorted pairs, so nothing has to be sorted:
+
+* GEMM 1 (:func:`_decode_gate_up_kernel`), a program per (selected expert, column tile, token tile): every
+  program finds the selected experts from the ids (an expert-by-expert presence vector, in expert order) and
+  takes the one its first grid index ranks; it multiplies all the tile's tokens by that expert's gate and up
+  columns and stores ``h = topk_weight * silu(gate) * up`` for the tokens that chose the expert, at the row
+  of their first pair with it (the weights of a token that names one expert twice are summed there). The
+  program of grid index 0 also writes the list of selected experts for GEMM 2.
+* GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile, token tile): it walks the list,
+  one flat loop over (expert, reduction step), gathering each token's row of h for that expert (zero where
+  the token did not choose it), so the top-k sum happens in its float32 accumulator and ``out`` is written
+  once. A pair whose expert is outside [0, E) is never computed and adds nothing.
+
+Weight bytes read: each selected expert's w1 and w2 once per token tile (once for M <= BLOCK_M); x and h
+stay in L2. Knobs: ``BLOCK_M`` (tokens a tile), ``BLOCK_N`` (GEMM 1's gate and up columns a program),
+``BLOCK_N_DOWN`` (GEMM 2's output columns a program), ``BLOCK_K`` (reduction depth a step) and the hints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from flyreg.triton import compiled_launcher, dependent_start, hints, interpreted, pdl_supported
+
+from . import routing
+from .gemm_kernels import _mma
+
+
+@triton.jit
+def _token_pairs(IDS, m, M, e, topk, TOPK_P2: tl.constexpr):
+    # For tokens m and expert e: whether each chose e, and the pair index of its first choice of e.
+    j = tl.arange(0, TOPK_P2)
+    ids = tl.load(IDS + m[:, None] * topk + j[None, :], mask=(m < M)[:, None] & (j < topk)[None, :], other=-1)
+    match = ids == e
+    first = tl.min(tl.where(match, j[None, :], TOPK_P2), axis=1)
+    return first < TOPK_P2, m * topk + tl.where(first < TOPK_P2, first, 0), match, j
+
+
+@triton.jit(do_not_specialize=["M", "P", "E", "topk"])
+def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, M, P, E, topk, x_stride, N, K,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           E_P2: tl.constexpr, CHUNK: tl.constexpr, TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr,
+                           UPCAST: tl.constexpr, PDL: tl.constexpr):
+    dependent_start(PDL)
+    slot = tl.program_id(0)
+    experts = tl.arange(0, E_P2)
+    present = tl.zeros([E_P2], dtype=tl.int32)
+    for c0 in range(0, P, CHUNK):
+        pairs = c0 + tl.arange(0, CHUNK)
+        ids = tl.load(IDS + pairs, mask=pairs < P, other=-1).to(tl.int32)
+        hot = (ids[:, None] == experts[None, :]) & ((ids >= 0) & (ids < E))[:, None]
+        present = tl.maximum(present, tl.max(hot.to(tl.int32), axis=0))
+    rank = tl.cumsum(present, axis=0) - 1
+    count = tl.sum(present, axis=0)
+    if (slot == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+        tl.store(EXPERTS, count)
+        tl.store(EXPERTS + 1 + rank, experts, mask=present > 0)
+    if slot >= count:
+        return
+    e = tl.sum(tl.where((present > 0) & (rank == slot), experts, 0), axis=0)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    chosen, pair, match, j = _token_pairs(IDS, m, M, e, topk, TOPK_P2)
+    tw = tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0)
+    weight = tl.sum(tw, axis=1)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptr = X + (tl.where(m < M, m, 0).to(tl.int64) * x_stride)[:, None] + ks[None, :]
+    g_ptr = W1 + e.to(tl.int64) * (2 * N * K) + (tl.where(col_ok, cols, 0).to(tl.int64) * K)[None, :] + ks[:, None]
+    u_ptr = g_ptr + N * K
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            g = tl.load(g_ptr)
+            u = tl.load(u_ptr)
+        else:
+            k_ok = ks < K - k0
+            a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
+            g = tl.load(g_ptr, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
+        acc_g = _mma(a, g, acc_g, UPCAST)
+        acc_u = _mma(a, u, acc_u, UPCAST)
+        a_ptr += BLOCK_K
+        g_ptr += BLOCK_K
+        u_ptr += BLOCK_K
+    h = acc_g * tl.sigmoid(acc_g) * acc_u * weight[:, None]
+    out = H + (pair.to(tl.int64) * N)[:, None] + cols[None, :]
+    tl.store(out, h.to(H.dtype.element_ty), mask=chosen[:, None] & col_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["M", "topk"])
+def _decode_down_kernel(H, W2, OUT, IDS, EXPERTS, M, topk, N, K,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
+                        PDL: tl.constexpr):
+    dependent_start(PDL)  # GEMM 2 may start while GEMM 1 ends (a programmatic dependent), and waits for it here
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < K
+    ks = tl.arange(0, BLOCK_K)
+    w_cols = (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
+    steps = tl.cdiv(N, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for t in range(0, tl.load(EXPERTS) * steps):
+        i = t // steps
+        k0 = (t - i * steps) * BLOCK_K
+        e = tl.load(EXPERTS + 1 + i)
+        chosen, pair, _, _ = _token_pairs(IDS, m, M, e, topk, TOPK_P2)
+        a_ptr = H + (pair.to(tl.int64) * N)[:, None] + (k0 + ks)[None, :]
+        b_ptr = W2 + e.to(tl.int64) * (K * N) + w_cols + k0
+        if EVEN_K:
+            a = tl.load(a_ptr, mask=chosen[:, None], other=0.0)
+            b = tl.load(b_ptr)
+        else:
+            k_ok = ks < N - k0
+            a = tl.load(a_ptr, mask=chosen[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+        acc = _mma(a, b, acc, UPCAST)
+    mask = (m < M)[:, None] & col_ok[None, :] if not EVEN_N else (m < M)[:, None]
+    tl.store(OUT + (m.to(tl.int64) * K)[:, None] + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, *, M: int, K: int,
+                N: int, E: int, topk: int, x_stride: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
+                BLOCK_N_DOWN: int, num_warps: int | None, num_stages: int | None) -> Callable[..., torch.Tensor]:
+    """The launcher of decode-path calls shaped like this one (checked by the caller), compiled here:
+    ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches."""
+    P, dtype, device = M * topk, x.dtype, x.device
+    e_p2 = max(16, routing.next_pow2(E))
+    slots, token_tiles = min(P, E), triton.cdiv(M, BLOCK_M)
+    upcast = interpreted() and dtype == torch.bfloat16
+    pdl = pdl_supported(device)
+    tile_hints = hints(num_warps, num_stages, pdl=pdl)
+    topk_p2 = routing.next_pow2(topk)
+
+    def buffers() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (torch.empty((P, N), dtype=dtype, device=device), torch.empty(1 + e_p2, dtype=torch.int32, device=device),
+                torch.empty((M, K), dtype=dtype, device=device))
+
+    h, experts, out = buffers()
+    ids = topk_ids.view(-1)
+    gate_up = compiled_launcher(
+        _decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles),
+        (x, w1, h, ids, topk_weights.view(-1), experts, M, P, E, topk, x_stride, N, K),
+        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": e_p2,
+         "CHUNK": routing.chunk_size(E), "TOPK_P2": topk_p2, "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast,
+         "PDL": pdl},
+        tile_hints, device)
+    down = compiled_launcher(
+        _decode_down_kernel, (triton.cdiv(K, BLOCK_N_DOWN), token_tiles), (h, w2, out, ids, experts, M, topk, N, K),
+        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
+         "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl},
+        tile_hints, device)
+
+    def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+            topk_ids: torch.Tensor) -> torch.Tensor:
+        h, experts, out = buffers()
+        ids = topk_ids.view(-1)
+        gate_up(x, w1, h, ids, topk_weights.view(-1), experts, M, P, E, topk, x_stride, N, K)
+        down(h, w2, out, ids, experts, M, topk, N, K)
+        return out
+
+    return run
