@@ -1,9 +1,8 @@
 """Input validation shared by the Triton and CPU RMSNorm backends.
 
-Layout rule: the last dim must have stride 1 (any stride when N == 1) and the leading dims
-must collapse into one row dimension with a single row stride, so ``big[:, :N]`` and
-``big[:, :, :N]`` slices are accepted without a copy; anything else (e.g. transposed leading
-dims) is rejected with a ValueError rather than copied. ``weight`` must be contiguous.
+Layout rule: the last dim must have stride 1 (any stride when N == 1) and the leading dims must collapse into one
+row dimension with a single row stride, so ``big[:, :N]`` and ``big[:, :, :N]`` slices are accepted without a copy;
+anything else (e.g. transposed leading dims) is a ValueError, never copied. ``weight`` must be contiguous.
 """
 
 from __future__ import annotations
@@ -17,23 +16,9 @@ import torch
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-class NormArgs(NamedTuple):
-    """Validated shape facts of an ``rmsnorm`` call."""
-
-    M: int
-    N: int
-    x_stride: int
-    eps: float
-
-
-class FusedArgs(NamedTuple):
-    """Validated shape facts of a ``fused_add_rmsnorm`` call."""
-
-    M: int
-    N: int
-    x_stride: int
-    r_stride: int
-    eps: float
+#: Validated shape facts of an ``rmsnorm`` call, and of a ``fused_add_rmsnorm`` call.
+NormArgs = NamedTuple("NormArgs", [("M", int), ("N", int), ("x_stride", int), ("eps", float)])
+FusedArgs = NamedTuple("FusedArgs", [("M", int), ("N", int), ("x_stride", int), ("r_stride", int), ("eps", float)])
 
 
 def _check_tensor(t: object, name: str) -> torch.Tensor:
@@ -60,17 +45,13 @@ def row_layout(t: torch.Tensor, name: str, *, writable: bool = False) -> tuple[i
     Raises ValueError naming ``name`` if the leading dims do not collapse into one row
     dimension, or (``writable``) if distinct rows would overlap in memory.
     """
-    shape = t.shape
-    strides = t.stride()
-    n = shape[-1]
+    shape, strides, n = t.shape, t.stride(), t.shape[-1]
     if n != 1 and strides[-1] != 1:
-        raise ValueError(
-            f"{name} must have stride 1 in its last dim, got strides {tuple(strides)} for shape {tuple(shape)}"
-        )
-    m = 1
+        raise ValueError(f"{name} must have stride 1 in its last dim, got strides {tuple(strides)} "
+                         f"for shape {tuple(shape)}")
+    m, collapsible = 1, True
     row_stride = -1  # stride of the innermost leading dim of size > 1
     span = 0  # stride the next outer leading dim of size > 1 must have
-    collapsible = True
     for size, stride in zip(reversed(shape[:-1]), reversed(strides[:-1])):
         m *= size
         if size == 1:
@@ -83,10 +64,8 @@ def row_layout(t: torch.Tensor, name: str, *, writable: bool = False) -> tuple[i
     if m <= 1:
         return m, n
     if not collapsible:
-        raise ValueError(
-            f"{name} has leading dims that cannot be viewed as one row dimension "
-            f"(shape {tuple(shape)}, strides {tuple(strides)}); pass {name}.contiguous()"
-        )
+        raise ValueError(f"{name} has leading dims that cannot be viewed as one row dimension "
+                         f"(shape {tuple(shape)}, strides {tuple(strides)}); pass {name}.contiguous()")
     if writable and row_stride < n:
         raise ValueError(f"{name} is written in place, so its rows must not overlap; got row stride {row_stride} < N={n}")
     return m, row_stride

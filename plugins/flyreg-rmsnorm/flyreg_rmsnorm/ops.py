@@ -1,169 +1,78 @@
-"""The two RMSNorm op plugins: ``rmsnorm`` and ``fused_add_rmsnorm``.
-
-Found through the entry points in this distribution's pyproject. On a CUDA tensor the Triton
-kernels run; on the CPU the torch implementation with its own knob.
-"""
+"""The RMSNorm ops ``rmsnorm`` and ``fused_add_rmsnorm`` (this distribution's entry points), declared: the Triton
+kernels on a CUDA tensor, the torch implementation with its own knob on the CPU."""
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from flyreg.plugin import Axis, Config, Launch, OpRecord, Work, hookimpl
+from flyreg.plugin import Axis, Work, declare
 
-from . import space
+from . import cpu, space
 from .checks import check_fused_add, check_rmsnorm
 
-#: The tuned artifacts installed with this package.
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-#: Row counts (bucket values), widths and dtypes tuned by default on a GPU.
+#: Widths and dtypes tuned by default on a GPU (at every row bucket), and the small grid of a CPU run.
 GPU_N = (128, 512, 1024, 1536, 2048, 2880, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
 GPU_DTYPES = ("bfloat16", "float16", "float32")
-#: A small grid, so ``flyreg tune`` runs end to end on a CPU in well under two minutes.
-CPU_N = (1024, 4096)
-CPU_M = (32, 256)
-CPU_DTYPES = ("float32", "bfloat16")
+WORKLOADS = {"cuda": [{"M": m, "N": n, "dtype": d} for d in GPU_DTYPES for n in GPU_N for m in space.ROW_BUCKETS],
+             "cpu": [{"M": m, "N": n, "dtype": d} for d in ("float32", "bfloat16") for n in (1024, 4096)
+                     for m in (32, 256)]}
+#: The spec axes besides the backend; M is a row count rounded up to its bucket.
+AXES = (Axis("M", int, ordered=True, values=space.ROW_BUCKETS, buckets=space.row_bucket, low=0),
+        Axis("N", int, low=1), Axis("dtype", str, values=GPU_DTYPES))
+SPEC_AXES = ("M", "N", "backend", "dtype")
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+def _key(x: torch.Tensor, *rest: Any) -> dict[str, Any]:
+    facts = check_fused_add(x, *rest) if len(rest) == 3 else check_rmsnorm(x, *rest)
+    return {"M": space.row_bucket(facts.M), "N": facts.N, "dtype": x.dtype}
 
 
-def _backend_on(device: str) -> str:
-    """The backend a call on ``device`` (``"cpu"`` or ``"cuda"``) runs."""
-    return "triton" if device == "cuda" else "cpu"
+def _bind(fused: bool, *args: Any, BLOCK_N: int, ROWS: int, num_warps: int | None = None,
+          num_stages: int | None = None) -> Callable[..., torch.Tensor]:
+    from . import triton_kernels as tk  # Triton only where it runs
+
+    return (tk.bind_fused_add_rmsnorm if fused else tk.bind_rmsnorm)(
+        *args, BLOCK_N=BLOCK_N, ROWS=ROWS, num_warps=num_warps, num_stages=num_stages)
 
 
-#: The spec axes; M is a row count rounded up to its bucket.
-AXES = (
-    Axis("M", int, ordered=True, values=space.ROW_BUCKETS, buckets=space.row_bucket, low=0),
-    Axis("N", int, low=1),
-    Axis("backend", str, values=("triton", "cpu"), device_default=_backend_on),
-    Axis("dtype", str, values=GPU_DTYPES),
-)
-SPEC_AXES = tuple(a.name for a in AXES)
+def _reference(x: torch.Tensor, *rest: Any) -> torch.Tensor:
+    *residual, weight, eps = rest
+    src = x.double()
+    if residual:  # the search passes a private copy: candidates' residual updates get checked
+        src = residual[0].copy_((residual[0].double() + src).to(residual[0].dtype)).double()
+    return src * torch.rsqrt(src.square().mean(dim=-1, keepdim=True) + eps) * weight.double()
 
 
-def _on_triton(spec: dict[str, Any]) -> bool:
-    """Whether ``spec`` is for the Triton backend; a spec missing an axis is a clear ValueError."""
-    missing = [a for a in SPEC_AXES if a not in spec]
-    if missing:
-        raise ValueError(f"RMSNorm spec {spec} lacks axes {missing}; it needs {list(SPEC_AXES)}")
-    if spec["backend"] not in ("triton", "cpu"):
-        raise ValueError(f"RMSNorm spec 'backend' must be 'triton' or 'cpu', got {spec['backend']!r}")
-    return spec["backend"] == "triton"
+def _make_inputs(fused: bool, spec: dict[str, Any], device: str) -> tuple[Any, ...]:
+    dtype, shape = getattr(torch, str(spec["dtype"])), (int(spec.get("M", 1)), int(spec["N"]))
+    x = torch.randn(shape, dtype=dtype, device=device)
+    weight = torch.rand(shape[1], dtype=dtype, device=device) + 0.5
+    return (x, torch.randn(shape, dtype=dtype, device=device), weight, 1e-6) if fused else (x, weight, 1e-6)
 
 
-class RMSNormOp:
-    """Hooks of one RMSNorm op; ``fused`` selects ``fused_add_rmsnorm``."""
-
-    def __init__(self, fused: bool) -> None:
-        self.fused = fused
-        self.name = "fused_add_rmsnorm" if fused else "rmsnorm"
-        self.arg_names = ("x", "residual", "weight", "eps") if fused else ("x", "weight", "eps")
-        self._signature = inspect.Signature(
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.arg_names[:-1]]
-            + [inspect.Parameter("eps", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=1e-6)]
-        )
-
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{self.name}{self._signature}: {e}") from None
-        bound.apply_defaults()
-        return bound.arguments
-
-    @hookimpl
-    def specialize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        a = self._bind(args, kwargs)
-        if self.fused:
-            facts = check_fused_add(a["x"], a["residual"], a["weight"], a["eps"])
-        else:
-            facts = check_rmsnorm(a["x"], a["weight"], a["eps"])
-        x = a["x"]
-        return {"N": facts.N, "dtype": _dtype_name(x), "M": space.row_bucket(facts.M),
-                "backend": _backend_on(x.device.type)}
-
-    @hookimpl
-    def build(self, config: Config, spec: dict[str, Any]) -> Launch | Callable[..., Any]:
-        knobs = config.kwargs
-        if _on_triton(spec):
-            from . import triton_kernels as tk
-
-            tile = {"BLOCK_N": knobs["BLOCK_N"], "ROWS": knobs["ROWS"]}
-            run, bind = (tk.fused_add_rmsnorm_triton, tk.bind_fused_add_rmsnorm) if self.fused else \
-                (tk.rmsnorm_triton, tk.bind_rmsnorm)
-            return Launch(functools.partial(run, **tile),
-                          lambda args, kwargs: bind(*args, **kwargs, **tile))
-        from . import cpu
-
-        return functools.partial(cpu.fused_add_rmsnorm_cpu if self.fused else cpu.rmsnorm_cpu,
-                                 ROW_BLOCK=knobs["ROW_BLOCK"])
-
-    @hookimpl
-    def configs(self, spec: dict[str, Any]) -> list[Config]:
-        return space.triton_configs(spec) if _on_triton(spec) else space.cpu_configs(spec)
-
-    @hookimpl
-    def default(self, spec: dict[str, Any]) -> Config:
-        return space.triton_default(spec) if _on_triton(spec) else space.cpu_default(spec)
-
-    @hookimpl
-    def workloads(self, device: str) -> list[dict[str, Any]]:
-        if device.startswith("cuda"):
-            grid = [(m, n, d) for d in GPU_DTYPES for n in GPU_N for m in space.ROW_BUCKETS]
-            backend = "triton"
-        else:
-            grid = [(m, n, d) for d in CPU_DTYPES for n in CPU_N for m in CPU_M]
-            backend = "cpu"
-        return [{"M": m, "N": n, "backend": backend, "dtype": d} for m, n, d in grid]
-
-    @hookimpl
-    def make_inputs(self, spec: dict[str, Any], device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        dtype = getattr(torch, str(spec["dtype"]))
-        shape = (int(spec.get("M", 1)), int(spec["N"]))
-        x = torch.randn(shape, dtype=dtype, device=device)
-        weight = torch.rand(shape[1], dtype=dtype, device=device) + 0.5
-        if self.fused:
-            return (x, torch.randn(shape, dtype=dtype, device=device), weight), {"eps": 1e-6}
-        return (x, weight), {"eps": 1e-6}
-
-    @hookimpl
-    def reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        a = self._bind(args, kwargs)
-        x = a["x"]
-        if self.fused:
-            r = a["residual"]
-            summed = (r.double() + x.double()).to(r.dtype)
-            r.copy_(summed)  # the search passes a private copy: candidates' residual updates get checked
-            src = summed.double()
-        else:
-            src = x.double()
-        norm = torch.rsqrt(src.square().mean(dim=-1, keepdim=True) + a["eps"])
-        return src * norm * a["weight"].double()
-
-    @hookimpl
-    def work(self, spec: dict[str, Any]) -> Work:
-        """Bytes of one call of ``spec``'s row bucket: x read and y written (the fused op also reads and
-        writes the residual), the weight read once."""
-        size = getattr(torch, str(spec["dtype"])).itemsize
-        rows = int(spec["M"]) * int(spec["N"]) * size
-        return Work(bytes=(4 if self.fused else 2) * rows + int(spec["N"]) * size)
-
-    @hookimpl
-    def describe(self) -> OpRecord:
-        what = "residual += x in place, then RMSNorm of it" if self.fused else "y = x / rms(x) * weight"
-        args = ", ".join(f"Tensor {n}" for n in self.arg_names[:-1])
-        return OpRecord(description=what, version="3", structural=["BLOCK_N", "ROWS", "ROW_BLOCK"],
-                        arg_names=self.arg_names, restore_value=["residual"] if self.fused else [], axes=AXES,
-                        config_dir=CONFIG_DIR, torch_schema=f"({args}, float eps=1e-06) -> Tensor", output_like="x")
+def _work(fused: bool, spec: dict[str, Any]) -> Work:
+    """Bytes a call of the spec's row bucket moves: x read, y written (and the residual both), the weight read."""
+    size = getattr(torch, str(spec["dtype"])).itemsize
+    return Work(bytes=(4 if fused else 2) * int(spec["M"]) * int(spec["N"]) * size + int(spec["N"]) * size)
 
 
-rmsnorm = RMSNormOp(fused=False)
-fused_add_rmsnorm = RMSNormOp(fused=True)
+def _declared(fused: bool) -> Any:
+    args = "Tensor x, Tensor residual, Tensor weight" if fused else "Tensor x, Tensor weight"
+    return declare(
+        name="RMSNorm", schema=f"({args}, float eps=1e-06) -> Tensor", output_like="x", version="3",
+        description="residual += x in place, then RMSNorm of it" if fused else "y = x / rms(x) * weight",
+        key=_key, axes=AXES, bind=functools.partial(_bind, fused), reference=_reference,
+        configs=space.triton_configs, default=space.triton_default, cpu_configs=space.cpu_configs,
+        cpu=cpu.fused_add_rmsnorm_cpu if fused else cpu.rmsnorm_cpu, cpu_default=space.cpu_default,
+        workloads=WORKLOADS, make_inputs=functools.partial(_make_inputs, fused), work=functools.partial(_work, fused),
+        structural=["BLOCK_N", "ROWS", "ROW_BLOCK"], restore_value=["residual"] if fused else [],
+        config_dir=Path(__file__).resolve().parent / "configs")
+
+
+rmsnorm = _declared(fused=False)
+fused_add_rmsnorm = _declared(fused=True)

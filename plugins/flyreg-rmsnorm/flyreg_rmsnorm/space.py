@@ -1,8 +1,8 @@
 """Config spaces and no-search defaults for the RMSNorm kernels.
 
-A spec is ``{"N": int, "dtype": "bfloat16" | "float16" | "float32", "M": row_bucket(rows)}``.
-Triton knobs: ``BLOCK_N`` and ``ROWS`` (see :mod:`.triton_kernels`), hints ``num_warps``
-and, for chunked rows only, ``num_stages``. CPU knob: ``ROW_BLOCK`` (see :mod:`.cpu`).
+A spec is ``{"N": int, "dtype": "bfloat16" | "float16" | "float32", "M": row_bucket(rows)}``. Triton knobs:
+``BLOCK_N`` and ``ROWS`` (see :mod:`.triton_kernels`), hints ``num_warps`` and, for chunked rows only,
+``num_stages``. CPU knob: ``ROW_BLOCK`` (see :mod:`.cpu`).
 """
 
 from __future__ import annotations
@@ -47,10 +47,7 @@ def _floor_pow2(n: int) -> int:
 
 def row_bucket(M: int) -> int:
     """The smallest bucket of (1, 32, 256, 4096, 32768) that is >= M; 32768 above 4096."""
-    for bucket in ROW_BUCKETS:
-        if M <= bucket:
-            return bucket
-    return ROW_BUCKETS[-1]
+    return next((bucket for bucket in ROW_BUCKETS if M <= bucket), ROW_BUCKETS[-1])
 
 
 def _spec(spec: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -90,12 +87,8 @@ def _chunk_warp_choices(chunk: int) -> list[int]:
 
 
 def _rows_choices(P: int, M: int) -> list[int]:
-    rows = [1]
-    r = 2
-    while r <= min(MAX_ROWS, M) and r * P <= MAX_TILE:
-        rows.append(r)
-        r *= 2
-    return rows
+    """Rows a program may take: powers of two up to M and MAX_ROWS, the tile within MAX_TILE."""
+    return [r for r in (1 << i for i in range(MAX_ROWS.bit_length())) if r == 1 or r <= M and r * P <= MAX_TILE]
 
 
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
@@ -157,10 +150,7 @@ def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
         if rb == 1 or rb * N * 4 >= _CPU_MIN_BYTES or rb * 4 > M:
             out.append(Config({"ROW_BLOCK": rb}))
         rb *= 4
-    default = cpu_default(spec)
-    if default not in out:
-        out.append(default)
-    return sorted(out, key=lambda c: c.kwargs["ROW_BLOCK"])
+    return sorted({*out, cpu_default(spec)}, key=lambda c: c.kwargs["ROW_BLOCK"])  # the default always among them
 
 
 def cpu_default(spec: Mapping[str, Any]) -> Config:

@@ -21,25 +21,15 @@ scaled by 2**-80, in one of two ways (``RESCUE``, chosen per tile by :func:`resc
   block a cross-warp reduction and two barriers, the scaled squares are summed in the same reduction
   as the plain ones, and a row whose plain sum overflowed takes its rstd from the scaled sum.
 
-Both give the float64 reference's answer to float32 rounding; they differ in cost (``docs/performance.md``,
-"Session 17"), and in the last bits of a row whose plain sum lies within a factor 2 below float32's largest
-value, in a tile where another row overflowed (``RESCUE_AFTER`` recomputes it from its scaled sum).
-``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in float32, rounded to residual's dtype)
-into ``residual`` and normalizes that stored, rounded value.
+Both give the float64 reference's answer to float32 rounding; they differ in cost, and in the last bits of a
+row whose plain sum lies within a factor 2 below float32's largest value, in a tile where another row
+overflowed. ``fused_add_rmsnorm_triton`` stores ``residual + x`` (summed in float32, rounded to residual's
+dtype) into ``residual`` and normalizes that stored, rounded value.
 
-On a GPU of compute capability 9.0 or later (Hopper) both launch as programmatic
-dependents (``launch_pdl``, see :func:`flyreg.triton.pdl_supported`): a launch may start while the kernel before
-it drains, and waits for that kernel's writes (``gdc_wait``) before its first load. Every address
-is the base pointer plus one element index, int32 where every index of the launch fits
-(:func:`needs_int64`), int64 otherwise; rows of stride N are indexed with the constexpr N (0.4 to
-0.5 % faster than a runtime stride at 32768 x 12288 bf16 on the H200, where inductor's kernel
-indexes the same way).
-
-The chunked path's first pass loads with ``evict_last`` so that its second pass finds the row in
-L2 (without the hint it missed L2 once many rows were in flight, and ran about 1.5x slower than a
-whole row on the H200). Both paths load the weight, which every program reads, with ``evict_last``
-(the one-pass path 1.4 to 2.9 % faster for the served configs at M = 4096, N = 4096 to 8192 bf16
-on the H200, each call with a weight not yet in L2).
+On Hopper and later both launch as programmatic dependents (``launch_pdl``, :func:`flyreg.triton.pdl_supported`).
+Every address is the base pointer plus one element index, int32 where every index fits (:func:`needs_int64`);
+rows of stride N are indexed with the constexpr N. The chunked path's first pass (for its second) and both
+paths' weight load with ``evict_last``. Each of these, measured: ``docs/decisions.md``, "The RMSNorm kernels".
 """
 
 from __future__ import annotations
@@ -315,10 +305,9 @@ def rescue_mode(dtype: torch.dtype, BLOCK_N: int, ROWS: int, num_warps: int | No
 
 def _capped(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], consts: dict[str, Any],
             options: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """``options``, for a ``RESCUE_AFTER`` kernel on an NVIDIA GPU with ``maxnreg`` capped at the most registers
-    that keep the blocks a SM of ``kernel`` compiled without the rescue (or at the caller's, if fewer): unpinned,
-    ptxas may lower the common path's registers and delay its loads; pinned at exactly that count, it delays
-    them too (performance.md, sessions 15 to 17)."""
+    """``options``, for a ``RESCUE_AFTER`` kernel on an NVIDIA GPU with ``maxnreg`` capped at the most registers that
+    keep the blocks a SM of ``kernel`` without the rescue (or at the caller's, if fewer): unpinned or pinned at that
+    count, ptxas delays the common path's loads (``docs/decisions.md``, "The overflow rescue, per tile")."""
     if (consts["RESCUE"] != RESCUE_AFTER.value or device.type != "cuda" or torch.version.hip is not None
             or interpreted()):
         return options
@@ -328,10 +317,9 @@ def _capped(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], consts: d
 
 
 def _check_knobs(BLOCK_N: int, ROWS: int) -> None:
-    if BLOCK_N < 1 or BLOCK_N & (BLOCK_N - 1):
-        raise ValueError(f"BLOCK_N must be a power of two, got {BLOCK_N!r}")
-    if ROWS < 1 or ROWS & (ROWS - 1):
-        raise ValueError(f"ROWS must be a power of two, got {ROWS!r}")
+    for name, value in (("BLOCK_N", BLOCK_N), ("ROWS", ROWS)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two, got {value!r}")
 
 
 #: Largest element offset the kernels index in int32.
@@ -367,25 +355,34 @@ def _output_alloc(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda _: torch.empty(shape, dtype=dtype, device=device)
 
 
-def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BLOCK_N: int, ROWS: int,
-                 num_warps: int | None = None, num_stages: int | None = None,
-                 pdl: bool | None = None) -> Callable[..., torch.Tensor]:
-    """:func:`rmsnorm_triton` specialized to calls like this one (same dtypes, shapes, strides,
-    devices and eps): the checks, the launch arithmetic and the compile run here, once, not on
-    every call. The returned launcher takes ``(x, weight, eps)``; another ``eps`` than the bound
-    one is checked on that call. ``pdl`` launches as a programmatic dependent (default: where
-    :func:`flyreg.triton.pdl_supported`)."""
-    M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
+def _launcher(kernel: Any, tensors: tuple[torch.Tensor, ...], M: int, N: int, strides: tuple[int, ...], eps: float,
+              BLOCK_N: int, ROWS: int, num_warps: int | None, num_stages: int | None,
+              pdl: bool | None) -> tuple[Callable[..., None] | None, Callable[[torch.Tensor], torch.Tensor]]:
+    """``kernel`` compiled for a checked call of ``tensors`` (x first; None without rows), and y's allocation."""
     _check_knobs(BLOCK_N, ROWS)
+    x = tensors[0]
     pdl = resolve_pdl(x.device, pdl)
     alloc = _output_alloc(x)
     if M == 0:  # no rows: nothing to launch
-        return lambda x, weight, eps=eps_f: alloc(x)
+        return None, alloc
     probe = torch.empty(1, dtype=x.dtype, device=x.device)  # stands in for y: fresh, so aligned like every y
-    grid, args = ((M + ROWS - 1) // ROWS,), (x, weight, probe, M, x_stride, eps_f)
-    consts = _constexprs(M, N, BLOCK_N, ROWS, pdl, x_stride, rescue=rescue_mode(x.dtype, BLOCK_N, ROWS, num_warps))
-    options = _capped(_rmsnorm_kernel, grid, args, consts, hints(num_warps, num_stages, pdl), x.device)
-    launch = compiled_launcher(_rmsnorm_kernel, grid, args, consts, options, x.device)
+    grid, args = ((M + ROWS - 1) // ROWS,), (*tensors, probe, M, *strides, eps)
+    consts = _constexprs(M, N, BLOCK_N, ROWS, pdl, *strides, rescue=rescue_mode(x.dtype, BLOCK_N, ROWS, num_warps))
+    options = _capped(kernel, grid, args, consts, hints(num_warps, num_stages, pdl), x.device)
+    return compiled_launcher(kernel, grid, args, consts, options, x.device), alloc
+
+
+def bind_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, BLOCK_N: int, ROWS: int,
+                 num_warps: int | None = None, num_stages: int | None = None,
+                 pdl: bool | None = None) -> Callable[..., torch.Tensor]:
+    """:func:`rmsnorm_triton` specialized to calls like this one (same dtypes, shapes, strides, devices and eps):
+    the checks, the launch arithmetic and the compile run here, once. The launcher takes ``(x, weight, eps)``;
+    another ``eps`` is checked on its call. ``pdl``: a programmatic dependent (default: where supported)."""
+    M, N, x_stride, eps_f = check_rmsnorm(x, weight, eps)
+    launch, alloc = _launcher(_rmsnorm_kernel, (x, weight), M, N, (x_stride,), eps_f, BLOCK_N, ROWS, num_warps,
+                              num_stages, pdl)
+    if launch is None:
+        return lambda x, weight, eps=eps_f: alloc(x)
 
     def run(x: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
@@ -400,17 +397,10 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
                            num_stages: int | None = None, pdl: bool | None = None) -> Callable[..., torch.Tensor]:
     """:func:`fused_add_rmsnorm_triton` specialized to calls like this one, checked and compiled once."""
     M, N, x_stride, r_stride, eps_f = check_fused_add(x, residual, weight, eps)
-    _check_knobs(BLOCK_N, ROWS)
-    pdl = resolve_pdl(x.device, pdl)
-    alloc = _output_alloc(x)
-    if M == 0:
+    launch, alloc = _launcher(_fused_add_rmsnorm_kernel, (x, residual, weight), M, N, (x_stride, r_stride), eps_f,
+                              BLOCK_N, ROWS, num_warps, num_stages, pdl)
+    if launch is None:
         return lambda x, residual, weight, eps=eps_f: alloc(x)
-    probe = torch.empty(1, dtype=x.dtype, device=x.device)
-    grid, args = ((M + ROWS - 1) // ROWS,), (x, residual, weight, probe, M, x_stride, r_stride, eps_f)
-    consts = _constexprs(M, N, BLOCK_N, ROWS, pdl, x_stride, r_stride,
-                         rescue=rescue_mode(residual.dtype, BLOCK_N, ROWS, num_warps))
-    options = _capped(_fused_add_rmsnorm_kernel, grid, args, consts, hints(num_warps, num_stages, pdl), x.device)
-    launch = compiled_launcher(_fused_add_rmsnorm_kernel, grid, args, consts, options, x.device)
 
     def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = eps_f) -> torch.Tensor:
         y = alloc(x)
@@ -420,33 +410,12 @@ def bind_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return run
 
 
-def rmsnorm_triton(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    *,
-    BLOCK_N: int,
-    ROWS: int,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
-    """``x / sqrt(mean(x**2, -1) + eps) * weight`` in float32, returned in x's dtype and shape."""
-    return bind_rmsnorm(x, weight, eps, BLOCK_N=BLOCK_N, ROWS=ROWS, num_warps=num_warps,
-                        num_stages=num_stages)(x, weight, eps)
+def _once(bind: Callable[..., Callable[..., torch.Tensor]]) -> Callable[..., torch.Tensor]:
+    """One call of what ``bind`` binds: bound to its arguments, then launched on them."""
+    return lambda *args, **options: bind(*args, **options)(*args)
 
 
-def fused_add_rmsnorm_triton(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    *,
-    BLOCK_N: int,
-    ROWS: int,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
-    """``residual += x`` in place, then return ``rmsnorm(residual, weight, eps)`` of the stored residual."""
-    bound = bind_fused_add_rmsnorm(x, residual, weight, eps, BLOCK_N=BLOCK_N, ROWS=ROWS, num_warps=num_warps,
-                                   num_stages=num_stages)
-    return bound(x, residual, weight, eps)
+#: ``rmsnorm_triton(x, weight, eps=1e-6, *, BLOCK_N, ROWS, num_warps=None, num_stages=None)``: x / rms(x) * weight;
+#: ``fused_add_rmsnorm_triton(x, residual, weight, eps=1e-6, ...)``: residual += x in place, then its RMSNorm.
+rmsnorm_triton = _once(bind_rmsnorm)
+fused_add_rmsnorm_triton = _once(bind_fused_add_rmsnorm)
