@@ -79,8 +79,11 @@ def _device_type(args: Sequence[Any]) -> str:
 
 
 def _takes(fn: Callable[..., Any]) -> Callable[[str], bool]:
-    """Whether ``fn`` takes a keyword of a given name (any, with ``**kwargs``)."""
-    params = inspect.signature(fn).parameters.values()
+    """Whether ``fn`` takes a keyword of a given name (any, with ``**kwargs``; none where it cannot say)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return lambda name: False
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return lambda name: True
     names = {p.name for p in params}
@@ -205,8 +208,9 @@ class DeclaredOp:
         hints = {k: v for k, v in kwargs.items() if k not in names and self._takes(k)}
         full = self.call_args(args, {k: v for k, v in kwargs.items() if k in names})
         run = self.declaration.bind(*full, **knobs, **hints)
-        if not any(k in names for k in kwargs):
-            return run  # positional calls reach the launcher as they are
+        passed = [k for k in kwargs if k in names]
+        if not passed or all(_takes(run)(k) for k in passed):
+            return run  # the call reaches the launcher as it is
         return lambda *a, **kw: run(*self.call_args(a, kw))
 
     # -- the hooks -----------------------------------------------------------------------------------------

@@ -138,3 +138,25 @@ def test_a_declaration_missing_a_field_fails_to_declare() -> None:
     with pytest.raises(RecordError, match="output_like"):  # the record is made, and checked, at once
         declare(schema="(Tensor x) -> Tensor", key=lambda x: {}, bind=lambda x: x, configs=[], default=Config(),
                 output_like="y")
+
+
+def test_every_hook_is_derived_from_a_full_declaration() -> None:
+    import ast
+
+    specs = ast.parse((Path(__file__).resolve().parents[2] / "flyreg" / "_plugins" / "hookspecs.py").read_text())
+    (required, optional) = [ast.literal_eval(node.value) for node in specs.body if isinstance(node, ast.Assign)
+                            and node.targets[0].id in ("REQUIRED_HOOKS", "OPTIONAL_HOOKS")]  # type: ignore[attr-defined]
+    full = declared(workloads={"cpu": []}, make_inputs=lambda spec, device: (), work=lambda spec: None)
+    for hook in (*required, *optional):
+        assert hasattr(getattr(full, hook), "flyreg_impl"), hook
+
+
+def test_every_field_is_described_in_the_plugin_guide() -> None:
+    import attrs
+
+    from flyreg.plugin import Declaration
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "plugin_authoring.md").read_text(encoding="utf-8")
+    section = guide.split("## Declare a Triton op", 1)[1].split("\n## ", 1)[0]
+    missing = [f.name for f in attrs.fields(Declaration) if f"`{f.name}" not in section and f"{f.name}=" not in section]
+    assert not missing, f"Declaration fields the guide's section does not name: {missing}"
