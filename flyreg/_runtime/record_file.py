@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import sqlite3
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -106,17 +105,19 @@ class NotARecord(ValueError):
 
 
 def read(path: str | os.PathLike[str]) -> list[Served]:
-    """Every row of the record at ``path``, by op, spec and device. Raises FileNotFoundError when there is
-    no file and :class:`NotARecord` when the file is not a serving record; changes nothing on disk."""
+    """Every row of the record at ``path``, by op, spec and device (none from an empty file). Raises
+    FileNotFoundError when there is no file and :class:`NotARecord` when the file is not a serving
+    record; changes nothing on disk."""
     where = Path(path)
-    try:
-        mode = where.stat().st_mode
-    except FileNotFoundError:
-        raise FileNotFoundError(2, "no serving record (nothing recorded there yet?)", str(where)) from None
-    if not stat.S_ISREG(mode):
-        raise NotARecord(f"{where} is not a serving record: not a regular file")
+    if not where.exists():
+        raise FileNotFoundError(2, "no serving record (nothing recorded there yet?)", str(where))
+    why = not_plain(where.resolve())  # a link the user named is followed: reading writes nothing
+    if why is not None:
+        raise NotARecord(f"{where} is not a serving record: {why}")
     try:
         with contextlib.closing(sqlite3.connect(f"{where.absolute().as_uri()}?mode=ro", uri=True)) as conn:
+            if not conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+                return []  # empty, or being created by a first writer: nothing recorded yet
             row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
             if row is None or row[0] != f"{SCHEMA.what}/{SCHEMA.version}":
                 raise NotARecord(f"{where} is not a serving record: schema {row[0] if row else None!r}")

@@ -105,7 +105,7 @@ def _read_plugin_timeout(name: str) -> None:
 #: The isolation settings are used by ``flyreg tune --isolate`` only; any read of the settings checks them.
 READERS = {"FLYREG_AUTOTUNE": _read_autotune, "FLYREG_COMPILE_THREADS": _read_compile_threads,
            "FLYREG_PLUGIN_TIMEOUT": _read_plugin_timeout, "FLYREG_COMPILE_WORKERS": _read_autotune,
-           "FLYREG_CANDIDATE_TIMEOUT": _read_autotune}
+           "FLYREG_CANDIDATE_TIMEOUT": _read_autotune, "FLYREG_RECORD_INTERVAL": _read_autotune}
 
 
 @pytest.mark.parametrize("name, raw, allowed", [
@@ -125,6 +125,11 @@ READERS = {"FLYREG_AUTOTUNE": _read_autotune, "FLYREG_COMPILE_THREADS": _read_co
     ("FLYREG_PLUGIN_TIMEOUT", "nan", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "inf", "seconds > 0"),
     ("FLYREG_PLUGIN_TIMEOUT", "soon", "seconds > 0"),
+    ("FLYREG_PLUGIN_TIMEOUT", "1e10", "seconds > 0, at most 1,000,000"),  # past threading.TIMEOUT_MAX
+    ("FLYREG_PLUGIN_TIMEOUT", "1000001", "seconds > 0, at most 1,000,000"),
+    ("FLYREG_CANDIDATE_TIMEOUT", "9.3e9", "seconds > 0, at most 1,000,000"),
+    ("FLYREG_RECORD_INTERVAL", "0", "seconds > 0"),
+    ("FLYREG_RECORD_INTERVAL", "1e300", "seconds > 0, at most 1,000,000"),
 ])
 def test_a_bad_value_warns_once_naming_it_and_the_default_is_used(
         name: str, raw: str, allowed: str, monkeypatch: pytest.MonkeyPatch, flyreg_cli: Callable[..., Any]) -> None:
