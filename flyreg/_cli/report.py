@@ -10,7 +10,7 @@ import click
 from flyreg._cli.report_data import OpReport, collect
 from flyreg._cli.report_html import page
 from flyreg._cli.report_plots import missing_matplotlib
-from flyreg._cli.text import make_console
+from flyreg._cli.text import escape, make_console
 from flyreg._core.fileio import write_text_atomic
 from flyreg._core.keys import DeviceIdentity
 from flyreg._search import journal
@@ -54,7 +54,8 @@ def _range(values: list[float], digits: int, suffix: str) -> str:
 
 
 def summary(reports: list[OpReport]) -> None:
-    """One table per device, a row per op: speedups, fraction of the bound, cost, coverage; then the peaks."""
+    """One table per device, a row per op: the served configs' speedups and fraction of the bound, cost,
+    coverage; then the peaks. Names (an op's, a device's) are escaped: they are not markup."""
     from rich.table import Table
 
     console = make_console()
@@ -62,8 +63,8 @@ def summary(reports: list[OpReport]) -> None:
     for r in reports:
         devices.setdefault(r.device, []).append(r)
     for device, found in devices.items():
-        table = Table(title=f"flyreg report on {device.name} ({device.arch})")
-        for col, justify in (("op", "left"), ("specs", "right"), ("speedup", "right"), ("of bound", "right"),
+        table = Table(title=escape(f"flyreg report on {device.name} ({device.arch})"))
+        for col, justify in (("op", "left"), ("specs", "right"), ("vs default", "right"), ("of bound", "right"),
                              ("timed", "right"), ("failed", "right"), ("measuring", "right"),
                              ("current", "right")):
             table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -72,9 +73,10 @@ def summary(reports: list[OpReport]) -> None:
             bounds = [b for s in r.specs if (b := s.of_bound(r.peak)) is not None]
             workloads = [c for c in r.coverage if c.workload]
             current = f"{sum(c.state == 'current' for c in workloads)}/{len(workloads)}" if workloads else "-"
-            table.add_row(r.op, str(len(r.specs)), _range(speedups, 2, "x"), _range(bounds, 2, ""), str(r.timed),
-                          str(r.failures), f"{r.span_s:.1f} s", current)
+            table.add_row(escape(r.op), str(len(r.specs)), _range(speedups, 2, "x"), _range(bounds, 2, ""),
+                          str(r.timed), str(r.failures), f"{r.span_s:.1f} s", current)
         console.print(table)
-        console.print(f"peak of {device.name} ({device.arch}): {found[0].peak.how}", markup=False, highlight=False)
+        peaks = list(dict.fromkeys(how for r in found for how in r.peaks))
+        console.print(f"peak of {device.name} ({device.arch}): {'; '.join(peaks)}", markup=False, highlight=False)
     console.print("current: workloads with a current artifact; the page lists the others", markup=False,
                   highlight=False)

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from flyreg._cli.report_data import OpReport, SpecResult
 from flyreg._cli.report_plots import bound_plots, speedup_plots, spread_plots
 from flyreg._cli.text import config_str, spec_str
+from flyreg._core.decision import Band
 from flyreg._version import __version__
 
 STYLE = """
@@ -51,8 +52,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequen
 
 
 def achieved(s: SpecResult) -> str:
-    """The winner's throughput from the work the op states: GB/s and/or TFLOP/s."""
-    w, ms = s.work, s.winner_ms
+    """The served config's throughput from the work the op states: GB/s and/or TFLOP/s."""
+    w, ms = s.work, s.served_ms
     if w is None or not ms:
         return "-"
     parts = []
@@ -63,13 +64,33 @@ def achieved(s: SpecResult) -> str:
     return ", ".join(parts)
 
 
+def _band(band: Band | None) -> str:
+    """``12.3 us (11.9 us to 12.8 us)``: a median and its p20 to p80."""
+    if band is None:
+        return "-"
+    return f"{_ms(band.median)} ({_ms(band.p20)} to {_ms(band.p80)})"
+
+
+def _why(s: SpecResult) -> str:
+    """Why the served config is served, or why none is."""
+    if s.served is None:
+        fastest = f"; the fastest measured: {config_str(s.fastest)}" if s.fastest is not None else ""
+        return f"no artifact: lookup serves none of these{fastest}"
+    stale = " (stale: tuned with another toolchain)" if s.served.stale else ""
+    if s.decision is None:
+        return f"artifact written before flyreg recorded its decisions{stale}"
+    return f"{s.decision.reason}; timed {s.decision.timing}{stale}"
+
+
 def _spec_rows(report: OpReport) -> list[list[str]]:
     rows = []
     for s in report.specs:
         default = config_str(s.default) if s.default is not None else "-"
-        rows.append([_e(spec_str(s.spec)), _e(config_str(s.winner)) if s.winner is not None else "-",
-                     _ms(s.winner_ms), _e(default), _ms(s.default_ms), _x(s.speedup), _e(achieved(s)),
-                     _x(s.of_bound(report.peak), 2, ""), str(len(s.times)), str(len(s.failed)), _seconds(s.span_s)])
+        served = s.served.config if s.served is not None else None
+        rows.append([_e(spec_str(s.spec)), _e(config_str(served)) if served is not None else "-",
+                     _band(s.band(served)), _e(_why(s)), _e(default), _band(s.band(s.default)), _x(s.speedup),
+                     _e(achieved(s)), _x(s.of_bound(report.peak), 2, ""), str(len(s.times)), str(len(s.failed)),
+                     _seconds(s.span_s)])
     return rows
 
 
@@ -92,11 +113,10 @@ def _images(title: str, images: list[str]) -> str:
 
 def op_section(report: OpReport) -> str:
     """One op on one device: facts, plots, the spec table and the coverage."""
-    peak = report.peak
     superseded = sum(s.superseded for s in report.specs)
     facts = [
         ("device", f"{report.device.name} ({report.device.arch})"),
-        ("peak", peak.how),
+        ("peak", "; ".join(report.peaks)),
         ("specs tuned", str(len(report.specs))),
         ("tuning cost", f"{report.timed} configs timed ({sum(s.retimed for s in report.specs)} re-timed in final "
                         f"rounds), {report.failures} failed or rejected, {_seconds(report.span_s)} of measuring "
@@ -111,9 +131,9 @@ def op_section(report: OpReport) -> str:
              + "</table>",
              "<div class='plots'>" + _images("speedup", speedup_plots(report)) + _images("spread", spread_plots(report))
              + _images("bound", bound_plots(report)) + "</div>",
-             _table(["spec", "winner", "time", "default", "default time", "speedup", "achieved", "of bound",
-                     "timed", "failed", "measuring"], _spec_rows(report),
-                    [False, False, True, False, True, True, True, True, True, True, True]),
+             _table(["spec", "served", "time (p20-p80)", "why", "default", "default time (p20-p80)", "vs default",
+                     "achieved", "of bound", "timed", "failed", "measuring"], _spec_rows(report),
+                    [False, False, True, False, False, True, True, True, True, True, True, True]),
              "<h3>Coverage</h3>", _coverage(report) if report.coverage or not report.note else ""]
     return "\n".join(parts)
 
@@ -123,11 +143,13 @@ def page(reports: list[OpReport], journal: str) -> str:
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     index = "".join(f"<li><a href='#{_e(r.op)}-{_e(r.device.name)}'>{_e(r.op)} on {_e(r.device.name)}</a>: "
                     f"{len(r.specs)} spec(s)</li>" for r in reports)
-    notes = ("<p class='note'>Times are medians per call; a config's final-round time replaces its first. The "
-             "winner is the fastest measured (the search may keep the default within its tie band). The bound is "
-             "the longer of bytes / peak bandwidth and flops / peak FLOP/s from the work the op states; a "
-             "fraction above 1 means the data stayed in a cache, or the peak is a measured copy bandwidth below "
-             "the device's best.</p>")
+    notes = ("<p class='note'>The served config is the one the spec's artifact holds, what lookup serves; "
+             "why names the rule its search chose it by. Times are medians per call with their middle reps "
+             "(p20 to p80); a config's final-round time replaces its first. The served and default times are "
+             "those the search compared, as the artifact stores them. The bound is the longer of bytes / peak "
+             "bandwidth and flops / peak FLOP/s from the work the op states, with the peak stored when the "
+             "spec was tuned; a fraction above 1 means the data stayed in a cache, or the peak is a measured "
+             "copy bandwidth below the device's best.</p>")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>flyreg report</title>"
             f"<style>{STYLE}</style></head><body><h1>flyreg report</h1>"
             f"<p class='note'>flyreg {_e(__version__)}, {_e(when)}, from the tuning journal {_e(journal)}</p>"

@@ -1,6 +1,8 @@
 """The report's plots, drawn by matplotlib (the optional extra ``flyreg[report]``) as PNG data URIs.
 
 Each plot has a spec per column; an op with many specs gets one figure per :data:`PER_FIGURE` of them.
+Labels come from specs, which hold any text: they are drawn as plain text (no mathtext) and cut to
+:data:`LABEL_CHARS`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from flyreg._core.config import JSONScalar
 
 #: Specs per figure, so each column keeps a readable label.
 PER_FIGURE = 48
-WINNER, DEFAULT, OTHER = "#1a7f37", "#cf222e", "#57606a"
+#: The most characters of a column's label.
+LABEL_CHARS = 60
+SERVED, DEFAULT, OTHER = "#1a7f37", "#cf222e", "#57606a"
 
 
 def missing_matplotlib() -> str | None:
@@ -32,7 +36,8 @@ def spec_labels(specs: Sequence[dict[str, JSONScalar]]) -> list[str]:
     """Each spec as a short label: only the axes whose values differ between the specs."""
     axes = sorted({k for s in specs for k in s})
     varying = [k for k in axes if len({repr(s.get(k)) for s in specs}) > 1] or axes
-    return [" ".join(f"{k}={s[k]}" for k in varying if k in s) for s in specs]
+    labels = [" ".join(f"{k}={s[k]}" for k in varying if k in s) for s in specs]
+    return [label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "\u2026" for label in labels]
 
 
 def _png(fig: Any) -> str:
@@ -65,7 +70,7 @@ def _figures(specs: list[SpecResult], title: str, ylabel: str,
         if log:
             ax.set_yscale("log")
         ax.set_xticks(range(len(chunk)))
-        ax.set_xticklabels(labels[start:start + PER_FIGURE], rotation=60, ha="right", fontsize=7)
+        ax.set_xticklabels(labels[start:start + PER_FIGURE], rotation=60, ha="right", fontsize=7, parse_math=False)
         ax.set_xlim(-0.6, len(chunk) - 0.4)
         ax.set_ylabel(ylabel)
         part = f" ({start + 1}-{start + len(chunk)} of {len(specs)})" if len(specs) > PER_FIGURE else ""
@@ -76,40 +81,54 @@ def _figures(specs: list[SpecResult], title: str, ylabel: str,
 
 
 def speedup_plots(report: OpReport) -> list[str]:
-    """The winner's speedup over the default, per spec."""
+    """The served config's speedup over the default, per spec."""
     shown = [s for s in report.specs if s.speedup is not None]
 
     def draw(ax: Any, i: int, s: SpecResult) -> None:
-        ax.bar(i, s.speedup, width=0.6, color=WINNER if (s.speedup or 0) > 1 else OTHER)
+        ax.bar(i, s.speedup, width=0.6, color=SERVED if (s.speedup or 0) > 1 else OTHER)
 
-    return _figures(shown, "winner vs default", "default time / winner time", draw, line=1.0) \
+    return _figures(shown, "served vs default", "default time / served time", draw, line=1.0) \
         if shown else []
 
 
 def spread_plots(report: OpReport) -> list[str]:
-    """Every measured config's time over the winner's, per spec: the winner, the default, the others."""
-    shown = [s for s in report.specs if s.winner_ms]
+    """Every measured config's band (p20 to p80, a line through its median) over the served config's time
+    (the fastest measured where none is served), per spec: the served config, the default, the others."""
+
+    def base_ms(s: SpecResult) -> float | None:
+        fastest = s.band(s.fastest)
+        return s.served_ms or (fastest.median if fastest is not None else None)
+
+    shown = [s for s in report.specs if base_ms(s)]
 
     def draw(ax: Any, i: int, s: SpecResult) -> None:
-        best = s.winner_ms or 1.0
-        others = [ms / best for c, ms in s.times.items() if c not in (s.winner, s.default)]
+        base = base_ms(s) or 1.0
+        served = s.served.config if s.served is not None else None
+        others = [s.band(c) for c in s.bands if c not in (served, s.default)]
         n = len(others)
-        offsets = [(k - (n - 1) / 2) * min(0.6 / max(n, 1), 0.08) for k in range(n)]
-        ax.scatter([i + o for o in offsets], others, s=9, color=OTHER, alpha=0.6, linewidths=0)
-        if s.default_ms is not None and s.default != s.winner:
-            ax.scatter([i], [s.default_ms / best], s=30, marker="D", color=DEFAULT, zorder=3)
-        ax.scatter([i], [1.0], s=30, marker="*", color=WINNER, zorder=4)
+        xs = [i + (k - (n - 1) / 2) * min(0.6 / max(n, 1), 0.08) for k in range(n)]
+        ax.vlines(xs, [b.p20 / base for b in others], [b.p80 / base for b in others], color=OTHER, alpha=0.4,
+                  linewidth=1)
+        ax.scatter(xs, [b.median / base for b in others], s=9, color=OTHER, alpha=0.6, linewidths=0)
+        marks = [(s.default, "D", DEFAULT, i + 0.15)] if s.default is not None and s.default != served else []
+        for config, marker, color, at in [*marks, (served, "*", SERVED, i)]:
+            band = s.band(config) if config is not None else None
+            if band is None:
+                continue
+            ax.vlines([at], [band.p20 / base], [band.p80 / base], color=color, linewidth=1.5, zorder=3)
+            ax.scatter([at], [band.median / base], s=30, marker=marker, color=color, zorder=4)
 
-    return _figures(shown, "every config measured (\u2605 winner, \u25c6 default)", "time / winner time", draw,
-                    log=True) if shown else []
+    return _figures(shown, "every config measured, p20 to p80 (\u2605 served, \u25c6 default)",
+                    "time / served time", draw, log=True) if shown else []
 
 
 def bound_plots(report: OpReport) -> list[str]:
-    """The winner's throughput as a fraction of the device's peak, per spec that states its work."""
+    """The served config's throughput as a fraction of the peak stored at tuning time, per spec that states its work."""
     fractions = {id(s): s.of_bound(report.peak) for s in report.specs}
     shown = [s for s in report.specs if fractions[id(s)] is not None]
 
     def draw(ax: Any, i: int, s: SpecResult) -> None:
-        ax.bar(i, fractions[id(s)], width=0.6, color=WINNER)
+        ax.bar(i, fractions[id(s)], width=0.6, color=SERVED)
 
-    return _figures(shown, "winner vs the device's peak", "fraction of the bound", draw, line=1.0) if shown else []
+    return _figures(shown, "served vs the peak stored at tuning", "fraction of the bound", draw, line=1.0) \
+        if shown else []

@@ -87,8 +87,11 @@ def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path)
 
     table = Table(title=f"flyreg tune on {ident.name} ({ident.arch})")
     for col, justify in (("op", "left"), ("spec", "left"), ("winner", "left"), ("time", "right"),
-                         ("vs default", "right"), ("tried", "right"), ("failed", "right")):
+                         ("vs default", "right")):
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("why", overflow="fold")  # the rule that chose the winner (Decision.short)
+    for col in ("tried", "failed"):
+        table.add_column(col, justify="right", no_wrap=True)
     table.add_column("result", overflow="fold", ratio=1)
     for j in jobs:
         spec = spec_str(j.spec) or "-"
@@ -98,8 +101,9 @@ def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path)
         r = j.result
         if r is not None:
             speedup = f"{r.speedup:.2f}x" if r.speedup else "-"
-            table.add_row(escape(j.op), escape(spec), config_str(r.winner), ms_text(r.winner_ms), speedup,
-                          str(r.tried), str(len(r.failed) + len(r.rejected)), "written")
+            why = r.decision.short if r.decision is not None else "-"
+            table.add_row(escape(j.op), escape(spec), escape(config_str(r.winner)), ms_text(r.winner_ms), speedup,
+                          escape(why), str(r.tried), str(len(r.failed) + len(r.rejected)), "written")
             continue
         if j.error:
             state = f"[red]failed[/red]: {escape(j.error)}"
@@ -107,7 +111,7 @@ def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path)
             state = f"skipped: {escape(j.skip)}"
         else:
             state = "[yellow]not run (interrupted)[/yellow]"
-        table.add_row(escape(j.op), escape(spec), "", "", "", "", "", state)
+        table.add_row(escape(j.op), escape(spec), "", "", "", "", "", "", state)
     console.print(table)
     _failures(console, jobs)
     counts = {s: sum(1 for j in jobs if j.state == s) for s in ("tuned", "skipped", "failed", "pending")}

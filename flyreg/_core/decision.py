@@ -17,12 +17,14 @@ import attrs
 from flyreg._core.config import Config
 from flyreg._core.peaks import Peak
 
-#: The rules a search decides by, and what each says (``{fastest}``, ``{band}``, ``{margin}`` filled in).
+#: The rules a search decides by, and what each says (``{fastest}``, ``{band}``, ``{margin}`` (the default's
+#: time over the winner's, less 1) and ``{lead}`` (the default's over the fastest's, less 1) filled in).
 RULES: dict[str, str] = {
     "only": "the only config that ran correctly",
     "default-fastest": "the default was the fastest",
-    "default-tie": "kept default: the fastest, {fastest}, was within the tie band ({band}) of it",
-    "default-overlap": "kept default: the fastest, {fastest}, was not separable from it (p20/p80 overlap)",
+    "default-tie": "kept default: the fastest, {fastest}, {lead} faster, was within the tie band ({band}) of it",
+    "default-overlap": "kept default: the fastest, {fastest}, {lead} faster, was not separable from it "
+                       "(p20/p80 overlap)",
     "fastest": "fastest, separable from the default by {margin} (p20/p80 apart)",
     "fastest-tie": "within the tie band ({band}) of the fastest, {fastest}, and first by knob order; "
                    "separable from the default by {margin}",
@@ -32,11 +34,11 @@ RULES: dict[str, str] = {
 SHORT: dict[str, str] = {
     "only": "only config",
     "default-fastest": "default is fastest",
-    "default-tie": "kept default: within tie band",
-    "default-overlap": "kept default: not separable",
-    "fastest": "faster than default by {margin}",
-    "fastest-tie": "tie, knob order; default +{margin}",
-    "no-default": "fastest; no default timed",
+    "default-tie": "kept default: fastest {lead} faster, in tie band",
+    "default-overlap": "kept default: fastest {lead} faster, not separable",
+    "fastest": "fastest, separable from default",
+    "fastest-tie": "tied with fastest, first by knob order",
+    "no-default": "fastest; default not timed",
 }
 
 #: Timing method -> (how calls are launched, whether the L2 holds their inputs).
@@ -129,22 +131,26 @@ def peak_from_json(data: object) -> Peak | None:
 
 @attrs.frozen
 class Decision:
-    """Why ``winner`` was chosen: the ``rule`` (a key of :data:`RULES`), the winner's and the default's
-    bands (the default's None where it was not timed), the fastest config where it differs from the
-    winner, the tie band, the timing, and the device peak the search was judged against (None: not known)."""
+    """Why the winner was chosen: the ``rule`` (a key of :data:`RULES`), the winner's and the default's
+    bands (the default's None where it was not timed), the fastest config and its band where it is not
+    the winner, the tie band, the timing, and the device peak the search was judged against (None: not known)."""
 
     rule: str
     winner: Band
     default: Band | None
     fastest: Config | None
+    fastest_band: Band | None
     tie_band: float
     timing: Timing
     peak: Peak | None = None
 
     def _fill(self, template: str) -> str:
-        margin = (f"{self.default.median / self.winner.median - 1:.1%}"
-                  if self.default is not None and self.winner.median > 0 else "?")
-        return template.format(fastest=self.fastest, band=f"{self.tie_band:.1%}", margin=margin)
+        def over(slow: Band | None, fast: Band | None) -> str:
+            return f"{slow.median / fast.median - 1:.1%}" if slow is not None and fast is not None and fast.median > 0 \
+                else "?"
+
+        return template.format(fastest=self.fastest, band=f"{self.tie_band:.1%}",
+                               margin=over(self.default, self.winner), lead=over(self.default, self.fastest_band))
 
     @property
     def reason(self) -> str:
@@ -164,7 +170,8 @@ class Decision:
     def to_json(self) -> dict[str, Any]:
         return {"rule": self.rule, "reason": self.reason, "winner": self.winner.to_json(),
                 "default": self.default.to_json() if self.default is not None else None,
-                "fastest": self.fastest.to_json() if self.fastest is not None else None,
+                "fastest": ({"config": self.fastest.to_json(), **self.fastest_band.to_json()}
+                            if self.fastest is not None and self.fastest_band is not None else None),
                 "tie_band": self.tie_band, "timing": attrs.asdict(self.timing), "peak": peak_json(self.peak)}
 
     @classmethod
@@ -175,11 +182,14 @@ class Decision:
             rule = _text(d, "rule", RULES)
             timing = _object(d.get("timing"), "'timing'")
             mode = _text(timing, "mode", TIMING_MODES)
-            fastest = Config.from_json(d["fastest"]) if d.get("fastest") is not None else None
+            fastest = fastest_band = None
+            if d.get("fastest") is not None:
+                fastest = Config.from_json(_object(d["fastest"], "'fastest'").get("config"))
+                fastest_band = Band.from_json(d["fastest"], "'fastest'")
             default = Band.from_json(d["default"], "'default'") if d.get("default") is not None else None
             tie_band = _number(d, "tie_band")
             assert tie_band is not None
-            return cls(rule, Band.from_json(d.get("winner"), "'winner'"), default, fastest, tie_band,
+            return cls(rule, Band.from_json(d.get("winner"), "'winner'"), default, fastest, fastest_band, tie_band,
                        Timing.of(mode), peak_from_json(d.get("peak")))
         except (TypeError, ValueError, RecursionError) as e:
             raise ValueError(f"decision: {e}") from None

@@ -49,7 +49,8 @@ def decide(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_
 
     def decision(rule: str, winner: BenchResult, other: Config | None) -> Decision:
         return Decision(rule, band(winner), band(dflt) if dflt is not None else None,
-                        _plain(other) if other is not None else None, tie_band, timing)
+                        _plain(other) if other is not None else None,
+                        band(results[other]) if other is not None else None, tie_band, timing)
 
     if len(timed) == 1:
         return fastest, best, decision("only", best, None)

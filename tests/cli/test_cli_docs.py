@@ -25,7 +25,7 @@ What varies from run to run or machine to machine is normalized, and the page sh
 - ``/tmp/flyreg-demo`` for the session's directory, and ``<flyreg_rmsnorm>/configs`` for the
   artifacts shipped inside the installed RMSNorm plugin;
 - ``CPU_NAME`` and ``cpu-ARCH`` for this machine's device name and architecture;
-- ``<winner>``, ``<time>`` and ``<speedup>`` in the tune summary's timing columns (``<speedup>``,
+- ``<winner>``, ``<time>``, ``<speedup>`` and ``<why>`` in the tune summary's timing columns (``<speedup>``,
   ``<of bound>`` and ``<seconds>`` in the report summary's), the table
   laid out again for the new widths (rich's titles are centred again too; a table whose folded
   cells change is shown unfolded, one line a row);

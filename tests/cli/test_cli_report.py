@@ -9,10 +9,15 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import os
 import re
+import sqlite3
 import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +117,103 @@ def test_errors_are_one_line(cmd: Flyreg, tmp_path: Path) -> None:
     (hidden / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden by the test')\n", encoding="utf-8")
     without = cmd.run("report", PYTHONPATH=os.pathsep.join([str(hidden), cmd.env["PYTHONPATH"]]))
     assert "pip install 'flyreg[report]'" in one_line_error(without, 1)
+
+
+# -- what is served, and why ----------------------------------------------------------------------------------------
+#: toyscale's specs tuned on a loaded CPU: small ones, where every CHUNK is one or two slices and times tie.
+SERVED_SIZES = (64, 200, 256, 1000, 4096)
+ROW = re.compile(r"<tr><td>([^<]*)</td><td>([^<]*)</td><td class='n'>[^<]*</td><td>([^<]*)</td>")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Flyreg, str, dict[str, dict[str, Any]]]:
+    """toyscale tuned over several specs while another process keeps a core busy; its page, and its artifacts
+    by spec text."""
+    root = tmp_path_factory.mktemp("served")
+    cmd = Flyreg(root, {NAME: toy_site(root / "site")})
+    specs = [arg for n in SERVED_SIZES for arg in ("--spec", f"n={n},dtype=float32")]
+    load = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: pass"])
+    try:
+        proc = cmd.run("tune", "toyscale", "--device", "cpu", *specs)
+    finally:
+        load.kill()
+        load.wait()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    artifacts = {}
+    for path in cmd.dirs["configs"].glob("toyscale,*.json"):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        artifacts[",".join(f"{k}={v}" for k, v in sorted(data["spec"].items()))] = data
+    assert len(artifacts) == len(SERVED_SIZES)
+    rep = cmd.run("report", "--out", str(root / "out"))
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    return cmd, (root / "out" / "index.html").read_text(encoding="utf-8"), artifacts
+
+
+def config_text(data: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in (*sorted(data["kwargs"].items()), *sorted(data["hints"].items())))
+
+
+def test_the_report_serves_what_the_artifact_serves_for_every_spec(
+        served: tuple[Flyreg, str, dict[str, dict[str, Any]]]) -> None:
+    _, page, artifacts = served
+    rows = {html.unescape(spec): (html.unescape(config), html.unescape(why)) for spec, config, why in ROW.findall(page)}
+    assert set(rows) == set(artifacts)
+    for spec, data in artifacts.items():
+        config, why = rows[spec]
+        assert config == config_text(data["config"]), spec
+        assert why.startswith(data["provenance"]["decision"]["reason"]), (spec, why)
+    assert "winner" not in page.lower()  # nothing else is called the winner
+
+
+def test_the_bound_uses_the_peak_stored_at_tuning(served: tuple[Flyreg, str, dict[str, dict[str, Any]]]) -> None:
+    cmd, page, artifacts = served
+    stored = {data["provenance"]["decision"]["peak"]["how"] for data in artifacts.values()}
+    assert len(stored) == 1 and f"<td>peak</td><td>{html.escape(stored.pop())}</td>" in page
+    again = cmd.run("report", "--out", str(cmd.root / "again"))
+    assert again.returncode == 0, again.stderr
+    second = (cmd.root / "again" / "index.html").read_text(encoding="utf-8")
+    bounds = re.compile(r"<td class='n'>([\d.]+)</td><td class='n'>\d+</td><td class='n'>\d+</td>")
+    assert bounds.findall(page) and bounds.findall(second) == bounds.findall(page)  # not measured again
+
+
+# -- hostile text (each crashed the report once) --------------------------------------------------------------------
+HOSTILE_OP, HOSTILE_DEVICE = "evil[/]op[bold]", "GPU [/] [red]x"
+HOSTILE_SPEC = {"formula": "$\\frac{1$", "huge": "x" * 20_000}
+
+
+def test_hostile_names_and_spec_values_are_escaped_everywhere(
+        served: tuple[Flyreg, str, dict[str, dict[str, Any]]], tmp_path: Path) -> None:
+    cmd = Flyreg(tmp_path / "hostile")
+    journal = cmd.dirs["cache"] / "flyreg-journal.sqlite3"
+    source = sqlite3.connect(served[0].dirs["cache"] / "flyreg-journal.sqlite3")
+    with sqlite3.connect(journal) as conn:
+        source.backup(conn)  # the tuned journal, its write-ahead log included
+    source.close()
+    conn.close()
+    with sqlite3.connect(journal) as conn:
+        config, device, toolchain, timing = conn.execute(
+            "SELECT config, device, toolchain, timing FROM measurements WHERE error IS NULL LIMIT 1").fetchone()
+        arch = json.loads(device)["arch"]
+        for op, dev in ((HOSTILE_OP, json.loads(device)["name"]), ("toyscale", HOSTILE_DEVICE)):
+            conn.execute("INSERT INTO measurements (op, spec, config, device, toolchain, timing, median_ms, spread, "
+                         "reps, error, created) VALUES (?, ?, ?, ?, ?, ?, 0.01, 0.1, 5, NULL, ?)",
+                         (op, json.dumps(HOSTILE_SPEC), config, json.dumps({"arch": arch, "name": dev}), toolchain,
+                          timing, time.time()))
+    conn.close()
+    proc = cmd.run("report", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert HOSTILE_OP in proc.stdout and f"flyreg report on {HOSTILE_DEVICE}" in proc.stdout  # printed as it is
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    found = sections(page)
+    assert html.escape(HOSTILE_OP) in found and html.escape(HOSTILE_DEVICE) in page
+    for section in (found[html.escape(HOSTILE_OP)], page.split(f"on {html.escape(HOSTILE_DEVICE)}</h2>")[1]):
+        assert html.escape(HOSTILE_SPEC["formula"]) in section
+        ((alt, data),) = IMAGE.findall(section)[:1]  # the spread plot of the one spec, labelled by its values
+        with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as png:
+            assert alt == "spread" and png.width < 2000 and png.height < 2000  # the label was cut
+
+
+def test_an_empty_out_is_refused(served: tuple[Flyreg, str, dict[str, dict[str, Any]]]) -> None:
+    cmd = served[0]
+    assert "--out" in one_line_error(cmd.run("report", "--out", ""), 2)
+    assert not (cmd.root / "index.html").exists()

@@ -83,6 +83,7 @@ def test_a_default_not_separable_from_the_fastest_is_kept_and_says_why() -> None
     assert report.winner == Config({"CHUNK": 32}) and decision.rule == "default-overlap"
     assert decision.fastest == Config({"CHUNK": 8}) and decision.kept_default
     assert "kept default" in decision.reason and "not separable" in decision.reason and "CHUNK=8" in decision.reason
+    assert "2.0% faster" in decision.reason and decision.fastest_band.median == pytest.approx(1.0)
     assert decision.winner.median == pytest.approx(1.02) and decision.default == decision.winner
     assert decision.winner.p20 < 1.0 < decision.winner.p80  # the band reaches the fastest's median
 
@@ -106,7 +107,8 @@ def test_the_artifact_and_the_cache_entry_record_the_decision(tmp_path: Path) ->
     assert stored["rule"] == "default-overlap" and stored["reason"] == report.decision.reason
     assert stored["winner"] == {"median_ms": pytest.approx(1.02), "p20_ms": pytest.approx(1.02 * 0.95),
                                 "p80_ms": pytest.approx(1.02 * 1.05)}
-    assert stored["default"] == stored["winner"] and Config.from_json(stored["fastest"]) == Config({"CHUNK": 8})
+    assert stored["default"] == stored["winner"] and stored["fastest"]["median_ms"] == pytest.approx(1.0)
+    assert Config.from_json(stored["fastest"]["config"]) == Config({"CHUNK": 8})
     assert stored["timing"] == {"mode": "cpu", "launch": "eager", "l2": "warm"}
     peak = stored["peak"]  # no CPU has a datasheet peak: the copy bandwidth measured when it was tuned
     assert peak["how"].startswith("measured: copy bandwidth") and peak["bandwidth"] > 0 and peak["flops"] is None

@@ -378,7 +378,7 @@ def test_default_wins_within_the_band(default_ms: float, wins: str) -> None:
     assert report.reused == 3 and tuner.stats.benchmarks == 0  # every timing was the journal's
 
 
-def test_earlier_config_wins_within_the_band() -> None:
+def test_the_first_in_knob_order_wins_within_the_band() -> None:
     def make() -> Any:
         return double_op("tie_order", chunks=(4, 8, 16, 32))[0]
 
