@@ -1,6 +1,7 @@
 """Triton plumbing for kernel plugins: a precompiled fast launch, dependent launches, interpreter detection.
 
-Imported only by plugins that use it (``import flyreg`` never imports Triton). What it offers:
+Imported only by plugins that use it (``import flyreg`` never imports Triton); an op declared with
+``flyreg.plugin.triton_op`` launches through :func:`compiled_launcher` without naming this module. What it offers:
 
 * :func:`compiled_launcher`: a ``@triton.jit`` kernel, its grid, constexprs and compiler hints,
   compiled once for one call signature and launched through the compiled kernel's C launcher,
