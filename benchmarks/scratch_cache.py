@@ -9,14 +9,15 @@ median over ``--samples`` tries: the first resolution of the searched key (what 
 new key pays, the process's first connection to the database included; imports are warmed on another
 cache dir first), the resolution of that key and of an
 absent one by a new tuner each (key building, the lookup, and for the absent key the artifact
-directories and the default), and a search of one config (its store included). Prints a table and,
+directories and the default), the resolution of the searched spec by spec alone (``resolve_spec``,
+what ``flyreg show`` runs: it reads the entries whose key a call of that spec could have, among
+``--entries`` keys of other specs), and a search of one config (its store included). Prints a table and,
 with ``--json``, writes it. Runs on the CPU; no GPU needed.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sqlite3
@@ -54,12 +55,14 @@ with tempfile.TemporaryDirectory() as warm:  # the first resolution anywhere imp
     os.environ["FLYREG_CACHE_DIR"] = real
 t0 = time.perf_counter(); first = make().resolve(rows(1)); first_ms = (time.perf_counter() - t0) * 1e3
 assert first.source == "cache", first
-out = {"first_resolve_ms": first_ms, "hit_ms": [], "miss_ms": [], "search_ms": []}
+out = {"first_resolve_ms": first_ms, "hit_ms": [], "miss_ms": [], "spec_ms": [], "search_ms": []}
 for s in range(samples):
     tuner = make()
     t0 = time.perf_counter(); hit = tuner.resolve(rows(1)); out["hit_ms"].append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter(); miss = tuner.resolve(rows(2 + s)); out["miss_ms"].append((time.perf_counter() - t0) * 1e3)
     assert (hit.source, miss.source) == ("cache", "default"), (hit, miss)
+    t0 = time.perf_counter(); by_spec = make().resolve_spec({"M": 1}); out["spec_ms"].append((time.perf_counter() - t0) * 1e3)
+    assert by_spec.source == "cache", by_spec
     t0 = time.perf_counter(); tuner.tune(rows(100_000 + s), emit=False)
     out["search_ms"].append((time.perf_counter() - t0) * 1e3)
 print(json.dumps(out))
@@ -70,21 +73,18 @@ make().tune(rows(1), emit=False)
 """
 
 
-def key(i: int) -> str:
-    return hashlib.sha256(str(i).encode()).hexdigest()
-
-
 def fill(directory: str, entries: int) -> None:
-    """One real search's entry, and ``entries - 1`` copies of it (other specs) under other keys."""
+    """One real search's entry, and ``entries - 1`` copies of it under the keys of other specs (its key with
+    another ``M``)."""
     subprocess.run([sys.executable, "-c", SEARCH_ONE], check=True, env=os.environ.copy())
     with sqlite3.connect(os.path.join(directory, "flyreg-cache.sqlite3")) as conn:
-        ((text,),) = conn.execute("SELECT entry FROM entries WHERE op = 'op'").fetchall()
-        entry = json.loads(text)
+        ((real, text),) = conn.execute("SELECT key, entry FROM entries WHERE op = 'op'").fetchall()
+        entry, fields = json.loads(text), json.loads(real)
 
         def copies() -> object:
             for i in range(entries - 1):
-                entry["spec"] = {"M": 1_000_000 + i}
-                yield key(i), json.dumps(entry, sort_keys=True)
+                entry["spec"] = fields["spec"] = {"M": 1_000_000 + i}
+                yield json.dumps(fields, sort_keys=True, separators=(",", ":")), json.dumps(entry, sort_keys=True)
 
         conn.executemany("INSERT INTO entries VALUES ('op', ?, ?, 0)", copies())
     conn.close()
@@ -111,6 +111,7 @@ def main() -> None:
             "first_resolve_ms (new process, first connection)": r["first_resolve_ms"],
             "resolve_hit_ms (new tuner, key present; median)": statistics.median(r["hit_ms"]),
             "resolve_miss_ms (new tuner, key absent; median)": statistics.median(r["miss_ms"]),
+            "resolve_spec_ms (new tuner, by spec alone; median)": statistics.median(r["spec_ms"]),
             "search_and_store_ms (one config; median)": statistics.median(r["search_ms"]),
             "search_and_store_ms (one config; max)": max(r["search_ms"])}
     for k, v in rows.items():
