@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import click
@@ -69,16 +70,32 @@ def _one_line_warnings() -> None:
     warnings.showwarning = show
 
 
+def _raised_here(e: BaseException) -> bool:
+    """Whether ``e`` was raised by the CLI's own code (its innermost frame is in this package), not by a plugin."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().parent == Path(__file__).resolve().parent
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (also ``python -m flyreg``)."""
     from flyreg._cli import supervise
 
     args = sys.argv[1:] if argv is None else list(argv)
-    if supervise.wanted(args):
-        sys.exit(supervise.run(args))
+    how = supervise.wanted(args, in_process=argv is not None)
+    if how is not None:
+        code = supervise.run(args, how, in_process=argv is not None)
+        if code is not None:
+            sys.exit(code)
+    supervise.child_setup()  # a supervised child (a fork returns here): marks its loads on the pipe
     _one_line_warnings()
     try:
         code = cli.main(args=args, prog_name="flyreg", standalone_mode=False)
+    except SystemExit as e:  # a failure status, or a command's own exit; an exit 0 from code it called is not an end
+        if (isinstance(e.code, int) and e.code != 0) or _raised_here(e):
+            supervise.mark_done()
+        raise
     except click.exceptions.Abort:
         click.echo("flyreg: interrupted", err=True)
         sys.exit(130)

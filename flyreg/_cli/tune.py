@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from flyreg._cli.isolated_jobs import ISOLATE_ABOVE
 def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dict[str, Any]], device: str | None,
          out: Path | None, force: bool, dry_run: bool, effort: str, budget: float | None, seed: int,
          fresh: bool, isolate: bool | None, ray_address: str | None, workers: int | None, device_name: str | None,
-         from_record: Path | None) -> None:
+         from_record: Path | None) -> int:
     """Tune every registered op (or the OPs given) and write their offline artifacts.
 
     Each op is tuned over the workloads it declares for the device, or over the --spec values.
@@ -81,7 +80,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
         if device is not None and device not in ("cpu", "cuda"):
             raise click.BadParameter("with --ray, cpu or cuda: Ray gives each actor its GPU", param_hint="--device")
         request = Request(names, specs, where, artifact_dir(out, create=not dry_run), force, options)
-        sys.exit(tune_on_ray(request, ray_address, device, workers, device_name, dry_run))
+        return tune_on_ray(request, ray_address, device, workers, device_name, dry_run)
     if workers is not None or device_name is not None:
         raise click.UsageError(f"{'--workers' if workers is not None else '--device-name'} needs --ray")
     dev = resolve_device(device)
@@ -94,7 +93,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
         jobs = plan_jobs(names, specs, dev, out_dir, force, where)
     if dry_run:
         print_plan(jobs, dev, out_dir)
-        sys.exit(0)
-    sys.exit(run_jobs(jobs, dev, out_dir, force, options, isolate))
+        return 0
+    return run_jobs(jobs, dev, out_dir, force, options, isolate)  # the status; a SystemExit here is a plugin's
 
 

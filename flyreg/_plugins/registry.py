@@ -100,6 +100,21 @@ class Registry:
         self._entries: dict[str, _Entry] | None = None
         self._lock = threading.RLock()
         self._watchers: list[tuple[Callable[[str, OpPlugin], None], Callable[[str], None]]] = []
+        self._mark_load: Callable[[str, bool], None] | None = None
+
+    def mark_loads(self, mark: Callable[[str, bool], None] | None) -> None:
+        """Call ``mark(name, True)`` right before an op's plugin code runs (its import and description) and
+        ``mark(name, False)`` right after, in the loading thread: a supervising process learns from it which
+        op's plugin ended the process (:mod:`flyreg._cli.supervise`)."""
+        self._mark_load = mark
+
+    def refuse(self, name: str, why: str) -> None:
+        """Mark op ``name`` broken with ``why``, never running its plugin code in this process (its load ended
+        an earlier process)."""
+        entry = self._discover().get(name)
+        if entry is not None:
+            with self._lock:
+                entry.loaded, entry.error = True, why
 
     def watch(self, on_load: Callable[[str, OpPlugin], None], on_unload: Callable[[str], None]) -> None:
         """Call ``on_load(name, plugin)`` when an op first loads (or is registered in-process) from now
@@ -168,6 +183,9 @@ class Registry:
 
     def _load_now(self, entry: _Entry, done: threading.Event) -> None:
         plugin, error = None, None
+        mark = self._mark_load
+        if mark is not None:
+            mark(entry.name, True)
         try:
             plugin = OpPlugin(entry.name, entry.load())
         except PluginError as e:
@@ -176,6 +194,8 @@ class Registry:
             error = f"the plugin called sys.exit({e.code!r}) while loading"
         except Exception as e:  # any failure isolates this op only
             error = f"{type(e).__name__}: {e}"
+        if mark is not None:
+            mark(entry.name, False)
         with self._lock:
             if not entry.loaded:  # not timed out meanwhile
                 entry.plugin, entry.error, entry.loaded = plugin, error, True

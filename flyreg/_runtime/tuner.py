@@ -257,9 +257,9 @@ class Autotuner:
         """Search the configs of this call now (whatever is cached), store the winner and return the report.
 
         ``search_options`` change this search's run (:data:`flyreg._search.settings.RUN_FIELDS`:
-        ``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``); ``flyreg tune`` passes its
-        flags and ``resume=True``. A failed artifact write raises OSError after the winner is stored
-        in memory and in the scratch cache.
+        ``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``, ``retry_failed``); ``flyreg tune``
+        passes its flags, ``resume=True`` and, with ``--force``, ``retry_failed=True``. A failed
+        artifact write raises OSError after the winner is stored in memory and in the scratch cache.
         """
         ck, call = call_of(self, args, kwargs)
         if resolution.capturing(ck.device):

@@ -10,6 +10,14 @@ from typing import Any
 from flyreg._core.config import Config
 from flyreg._core.launch import Launcher, LaunchSignatureError
 
+class CandidateExited(Exception):
+    """A candidate called ``sys.exit()``: the failure of that config, never the end of the search's process."""
+
+    @classmethod
+    def of(cls, e: SystemExit) -> CandidateExited:
+        return cls(f"the candidate called sys.exit({e.code!r})")
+
+
 #: ``build(config)``: build (or take from the build cache) the launch callable of ``config`` for the spec.
 Build = Callable[[Config], Any]
 #: ``bind(config)``: ``config``'s launcher bound to the call's signature.
@@ -48,6 +56,8 @@ def bind_all(op: str, cands: list[Config], build: Build, bind: Bind, threads: in
             built.append(config)
         except Exception as e:
             out[config] = e
+        except SystemExit as e:
+            out[config] = CandidateExited.of(e)
     todo = [c for c in built if not late()]
 
     def bind_one(config: Config) -> Launcher | Exception | None:
@@ -59,6 +69,8 @@ def bind_all(op: str, cands: list[Config], build: Build, bind: Bind, threads: in
             raise
         except Exception as e:
             return e
+        except SystemExit as e:
+            return CandidateExited.of(e)
 
     threads = min(threads if threads is not None else compile_threads(), len(todo))
     if threads <= 1:

@@ -3,7 +3,10 @@
 A strategy hands an :class:`Evaluator` batches of configs and gets back each one's time in ms
 (None for a config that failed or gave a wrong result). Every timing, failure and rejection is
 appended to the tuning journal as it is taken. With ``resume``, a config already journaled under
-the same context is not timed again: its journaled median ranks it. Where a config is made ready
+the same context is not timed again: its journaled median ranks it (with ``retry_failed``, one
+journaled as failed or rejected is tried again). A config that may win but was only read from the
+journal passes the correctness gate again in this run before the final round (:meth:`Evaluator._recheck`):
+one that has since regressed is dropped, never served. Where a config is made ready
 and timed is a subclass's: in this process (:class:`flyreg._search.in_process.InProcessEvaluator`)
 or in worker processes (:class:`flyreg._search.isolated.IsolatedEvaluator`).
 """
@@ -93,6 +96,7 @@ class Evaluator:
         self.failed: list[tuple[Config, str]] = []
         self.rejected: list[tuple[Config, str]] = []
         self.reused = 0  # first-round results read from the journal instead of timed
+        self.checked: set[Config] = set()  # passed the correctness gate in this run (timed here, or re-checked)
         self.deadline: float | None = None
         self._timing_s, self._timings = 0.0, 0  # seconds the first round's timings took, and how many
         self._counted: set[Config] = set()  # configs the progress listener has heard of
@@ -137,6 +141,7 @@ class Evaluator:
             self._timing_s += time.monotonic() - start
             self._timings += 1
             self.timed[config] = result
+            self.checked.add(config)
             self.stats.benchmarks += 1
             self._journal(self.mode, config, result)
             out[config] = result.median
@@ -168,6 +173,7 @@ class Evaluator:
         A :class:`CaptureError` leaves that finalist its first time, outside the final ranking; a
         finalist that fails otherwise is dropped and reported: a config that fails on a re-run is not served.
         """
+        self._recheck(default)
         if self.deadline is not None and time.monotonic() + self.final_seconds(default) > self.deadline:
             return frozenset()  # it does not fit in the budget: the first round's times rank
         timing = final_timing(self.mode)
@@ -193,6 +199,7 @@ class Evaluator:
         for config, token in ready:
             if self.late():  # cut short: a partial round cannot rank, the first round's times do
                 self.timed.update((c, first[c]) for c in final)
+                self._recheck(default)
                 return frozenset()
             try:
                 result = self._time(token, FINAL_SCALE)
@@ -208,7 +215,31 @@ class Evaluator:
             self._journal(timing, config, result)
             self.stats.retimed += 1
             final.add(config)
+        if not final:  # the pick is then among every timing: finalists dropped here may leave others in front
+            self._recheck(default)
         return frozenset(final)
+
+    def _recheck(self, default: Config | None) -> None:
+        """Put each config that may still win (the default, and those within the final band or the tie band of
+        the fastest) but did not pass the correctness gate in this run (read from the journal) through it
+        now; one that fails is dropped and recorded, and the next in line is checked, until every
+        contender passed here."""
+        band = max(FINAL_BAND, self.settings.tie_band)
+        while self.timed:
+            best = min(r.median for r in self.timed.values())
+            unchecked = [c for c, r in self.timed.items() if c not in self.checked
+                         and (c == default or r.median <= best * (1 + band))]
+            if not unchecked:
+                return
+            deadline, self.deadline = self.deadline, None  # never cut short: what is served passes here
+            try:
+                passed = self._check(unchecked)
+            finally:
+                self.deadline = deadline
+            self.checked.update(passed)
+            for config in unchecked:
+                if config not in passed:
+                    del self.timed[config]
 
     # -- the steps a subclass provides --------------------------------------------------------------
     def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Any]]:
@@ -218,6 +249,11 @@ class Evaluator:
 
     def _time(self, token: Any, scale: int) -> BenchResult:
         """One ready config timed over ``scale`` times the base work; raises why it failed."""
+        raise NotImplementedError
+
+    def _check(self, configs: list[Config]) -> set[Config]:
+        """Those of ``configs`` that pass the correctness gate now; each other is recorded (:meth:`_fail`,
+        :meth:`_reject`)."""
         raise NotImplementedError
 
     def _warm(self, ready: list[tuple[Config, Any]]) -> None:
@@ -256,7 +292,10 @@ class Evaluator:
             return {}
         if timing not in self._known:
             try:
-                self._known[timing] = journal.measured(self.machine.context(self.settings.op, self.spec, timing))
+                known = journal.measured(self.machine.context(self.settings.op, self.spec, timing))
+                if self.settings.retry_failed:  # only timings are reused: failures are tried again
+                    known = {c: m for c, m in known.items() if not m.failed}
+                self._known[timing] = known
             except (OSError, sqlite3.Error) as e:
                 warn_once(f"flyreg: could not read the tuning journal: {e}")
                 self._known[timing] = {}

@@ -7,7 +7,10 @@ so compiling never overlaps a measurement. A compile that raises is that config'
 the reason. A compile that crashes its process, or a pool that makes no progress within the time
 limit (:class:`~flyreg._search.isolate.AdaptiveLimit` over the compile times), loses the compiles
 still open: the pool is replaced, and those configs go to the benchmarking worker uncompiled,
-which builds them itself and finds the one that crashes or hangs.
+which builds them itself and finds the one that crashes or hangs. Each pool process leads a
+process group of its own, ended with the pool (what a build started in it ends too); its output is
+captured, and the end of what a failed compile wrote is kept with its reason
+(:mod:`flyreg._search.output`); a build that calls ``sys.exit()`` fails that config alone.
 """
 
 from __future__ import annotations
@@ -20,15 +23,33 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.processes import kill_group
 from flyreg._search.isolate import AdaptiveLimit, worker_setup
+from flyreg._search.output import OutputTail, capture_here
 
 #: ``task(*args, config_json)`` compiles one config in a pool process; returns why it failed, or None.
 CompileTask = Callable[..., "str | None"]
 
 
+#: In a pool process: its captured output (:func:`_pool_setup`).
+_output: OutputTail | None = None
+
+
+def _pool_setup() -> None:
+    global _output
+    worker_setup()
+    _output = capture_here()
+
+
 def _timed(task: CompileTask, args: tuple[Any, ...], config: dict[str, JSONScalar]) -> tuple[float, str | None]:
     start = time.monotonic()
-    error = task(*args, config)
+    mark = _output.total if _output is not None else 0
+    try:
+        error = task(*args, config)
+    except SystemExit as e:  # the build's own sys.exit(): that config's failure, never the pool process's end
+        error = f"the candidate called sys.exit({e.code!r})"
+    if error is not None and _output is not None:
+        error = _output.with_tail(error, mark)
     return time.monotonic() - start, error
 
 
@@ -57,7 +78,7 @@ class CompilePool:
             return {}
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=worker_setup)
+                                             initializer=_pool_setup)
             self._started = False
         futures: dict[Future[tuple[float, str | None]], Config] = {
             self._pool.submit(_timed, task, args, c.to_json()): c for c in configs}
@@ -93,6 +114,15 @@ class CompilePool:
         pool, self._pool = self._pool, None
         if pool is None:
             return
+        leaders = list((getattr(pool, "_processes", None) or {}).keys())  # each leads its process group
+        try:
+            self._stop(pool, force)
+        finally:
+            for pid in leaders:
+                kill_group(pid)
+
+    @staticmethod
+    def _stop(pool: ProcessPoolExecutor, force: bool) -> None:
         if not force:
             pool.shutdown(wait=True, cancel_futures=True)
             return

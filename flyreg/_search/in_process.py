@@ -19,7 +19,7 @@ from flyreg._core.launch import Launcher, LaunchSignatureError
 from flyreg._core.results import BenchResult, TunerStats
 from flyreg._search import journal
 from flyreg._search.bench import warm_device
-from flyreg._search.binding import Bind, Build, bind_all
+from flyreg._search.binding import Bind, Build, CandidateExited, bind_all
 from flyreg._search.candidates import Evaluator, Measured, reason
 from flyreg._search.gate import mismatch, run_reference
 from flyreg._search.graphs import CaptureError
@@ -97,10 +97,12 @@ class InProcessEvaluator(Evaluator):
         self.launchers: dict[Config, Launcher] = {}
         self._timer: TimeOne | None = None
 
-    def measure(self, config: Config, scale: int = 1, warm: bool = False, mode: str | None = None) -> Measured:
+    def measure(self, config: Config, scale: int = 1, warm: bool = False, mode: str | None = None,
+                check: bool = False) -> Measured:
         """``config`` bound, gated and timed over ``scale`` times the work in ``mode`` (default: the current
-        one), after warming the device when ``warm``; journals nothing. What an isolated search's
-        benchmarking worker runs for each config."""
+        one), after warming the device when ``warm``; with ``check``, bound and gated only (an empty
+        :class:`Measured` when it passes). Journals nothing. What an isolated search's benchmarking
+        worker runs for each config."""
         if mode is not None and mode != self.mode:
             self.mode, self._timer = mode, None
         rejected = len(self.rejected)
@@ -109,6 +111,8 @@ class InProcessEvaluator(Evaluator):
             if len(self.rejected) > rejected:
                 return Measured(error=self.rejected[-1][1], rejected=True)
             return Measured(error=self.failed[-1][1])
+        if check:
+            return Measured()
         if warm:
             self._warm(ready)
         try:
@@ -144,8 +148,8 @@ class InProcessEvaluator(Evaluator):
                         continue
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
-            except Exception as e:  # a failing candidate is skipped, never fatal
-                self._fail(config, reason(e), self.mode)
+            except (Exception, SystemExit) as e:  # a failing candidate is skipped, never fatal
+                self._fail(config, reason(CandidateExited.of(e) if isinstance(e, SystemExit) else e), self.mode)
                 out[config] = None
                 continue
             self.launchers[config] = launcher
@@ -160,13 +164,19 @@ class InProcessEvaluator(Evaluator):
         try:
             warm_device(lambda: (self.in_place.prepare(self.own, first.pre), first.raw(self.own.args,
                                                                                        self.own.kwargs)), self.device)
-        except Exception:  # that candidate fails again, and is reported, when its turn comes
+        except (Exception, SystemExit):  # that candidate fails again, and is reported, when its turn comes
             pass
 
     def _time(self, launcher: Launcher, scale: int) -> BenchResult:
         if self._timer is None:
             self._timer = self._make_timer()
-        return self._timer(launcher, scale)
+        try:
+            return self._timer(launcher, scale)
+        except SystemExit as e:
+            raise CandidateExited.of(e) from None
+
+    def _check(self, configs: list[Config]) -> set[Config]:
+        return {config for config, _ in self._ready(configs, {})}
 
     def _make_timer(self) -> TimeOne:
         settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode

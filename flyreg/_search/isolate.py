@@ -8,7 +8,10 @@ config with the reason and is replaced; the next config gets a fresh worker. The
 (:class:`AdaptiveLimit`): a generous one while a worker starts (imports, inputs, first compiles),
 then ``factor`` times the slowest config finished so far, at least ``min_seconds``. Workers ignore
 SIGINT (Ctrl-C stops the caller, which stops them) and end when the caller dies, even by ``kill -9``
-(:func:`worker_setup`).
+(:func:`worker_setup`). Each worker leads a process group of its own: when it is replaced or
+stopped, every process its candidates started in it ends with it. A candidate's output never
+reaches the caller's: it is captured, and the end of it is kept with a failure
+(:mod:`flyreg._search.output`). A candidate that calls ``sys.exit()`` fails alone.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any
 import attrs
 
 from flyreg._core.config import Config
+from flyreg._core.processes import kill_group, lead_group
+from flyreg._search.output import OutputTail, capture
 
 #: ``factory(*args)`` runs in the worker and returns ``measure(config, **options)`` (raising for a bad
 #: config, :class:`WorkerUnusable` when the worker can measure nothing more); whatever it returns must
@@ -76,22 +81,27 @@ class AdaptiveLimit:
 
 
 def worker_setup(poll_seconds: float = 1.0) -> None:
-    """In a worker process: ignore Ctrl-C (the caller handles it and stops its workers, so an interrupted
-    config is never a failed one), and end at once when the caller is gone (a hung candidate would
-    otherwise outlive it)."""
+    """In a worker process: lead a process group of its own, ignore Ctrl-C (the caller handles it and stops
+    its workers, so an interrupted config is never a failed one), and end at once, with its group,
+    when the caller is gone (a hung candidate would otherwise outlive it)."""
+    lead_group()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_seconds)
+        kill_group(os.getpgrp())
         os._exit(1)
 
     threading.Thread(target=watch, name="flyreg-parent-watch", daemon=True).start()
 
 
-def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...]) -> None:
+def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...], output: Connection | None = None) -> None:
     worker_setup()
+    if output is not None:
+        capture(output.fileno())
+        output.close()
     try:
         measure = factory(*args)
     except BaseException as e:  # reported to the parent, which stops
@@ -111,8 +121,18 @@ def _serve(conn: Connection, factory: Factory, args: tuple[Any, ...]) -> None:
         except WorkerUnusable as e:
             conn.send(("unusable", str(e)))
             return
+        except SystemExit as e:  # the candidate's own sys.exit(): its failure, never the worker's end
+            conn.send(("failed", f"the candidate called sys.exit({e.code!r})"))
         except Exception as e:  # a failing config is reported, the worker goes on
             conn.send(("failed", f"{type(e).__name__}: {e}"))
+
+
+def _with_output(value: Any, output: OutputTail | None, mark: int) -> Any:
+    """A measurement that failed inside the worker (``error`` set) with the end of what its config wrote."""
+    error = getattr(value, "error", None)
+    if output is None or not isinstance(error, str) or not attrs.has(type(value)):
+        return value
+    return attrs.evolve(value, error=output.with_tail(error, mark))
 
 
 def _death(code: int | None) -> str:
@@ -136,6 +156,7 @@ class WorkerEvaluator:
         self.info: Any = None
         self._proc: Any = None
         self._conn: Connection | None = None
+        self._output: OutputTail | None = None
 
     def __enter__(self) -> WorkerEvaluator:
         return self
@@ -170,9 +191,15 @@ class WorkerEvaluator:
     def _start(self) -> Connection:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.factory, self.args), daemon=True,
+        read_fd, write_fd = os.pipe()
+        output = Connection(write_fd, readable=False)  # the worker's stdout and stderr (sent as a descriptor)
+        self._proc = ctx.Process(target=_serve, args=(child, self.factory, self.args, output), daemon=True,
                                  name="flyreg-candidate-worker")
-        self._proc.start()
+        try:
+            self._proc.start()
+        finally:
+            output.close()
+        self._output = OutputTail(read_fd)
         child.close()
         try:
             kind, detail = self._first_message(parent)
@@ -199,24 +226,31 @@ class WorkerEvaluator:
 
     def _one(self, config: Config, options: dict[str, Any]) -> Outcome:
         conn = self._conn if self._conn is not None else self._start()
+        output = self._output
+        mark = output.total if output is not None else 0
+
+        def failed(why: str) -> Outcome:
+            return Outcome(config, None, output.with_tail(why, mark) if output is not None else why)
+
         limit = self.limit()
         start = time.monotonic()
         conn.send((config.to_json(), options))
         if not conn.poll(limit):
             self._kill()
-            return Outcome(config, None, f"timed out after {limit:.3g} s (worker replaced)")
+            return failed(f"timed out after {limit:.3g} s (worker replaced)")
         try:
             kind, value = conn.recv()
         except (EOFError, OSError):
             code = self._kill()
-            return Outcome(config, None, f"the worker died ({_death(code)}); worker replaced")
+            return failed(f"the worker died ({_death(code)}); worker replaced")
         if kind == "ok":
             self.limits.add(time.monotonic() - start)
+            value = _with_output(value, output, mark)
             return Outcome(config, value, None)
         if kind == "unusable":
             self._kill()
-            return Outcome(config, None, f"{value}; worker replaced")
-        return Outcome(config, None, str(value))
+            return failed(f"{value}; worker replaced")
+        return failed(str(value))
 
     def _kill(self) -> int | None:
         proc, self._proc = self._proc, None
@@ -229,6 +263,7 @@ class WorkerEvaluator:
         if proc.is_alive():
             proc.kill()
         proc.join(30)
+        kill_group(proc.pid)  # what its candidates started in it
         return proc.exitcode
 
     def close(self, force: bool = False) -> None:
@@ -239,6 +274,7 @@ class WorkerEvaluator:
             except OSError:
                 pass
             self._proc.join(10)
+            kill_group(self._proc.pid)
         if self._proc is not None:
             self._kill()
             self.replaced -= 1  # a stop, not a replacement
