@@ -96,6 +96,18 @@ def test_every_plugin_has_the_same_shape(pytestconfig: pytest.Config) -> None:
         assert not stray, f"{home}/bench holds only benchmark modules and results/: {stray}"
 
 
+def test_test_modules_of_every_test_path_have_distinct_names(pytestconfig: pytest.Config) -> None:
+    """pytest imports a module outside a package by its file name, so the core's tests and each plugin's,
+    collected together, must not share one."""
+    roots = tuple(f"{p.rstrip('/')}/" for p in pytestconfig.getini("testpaths"))
+    files = repository_files()
+    modules = [f for f in files if f.startswith(roots) and f.endswith(".py")
+               and f"{f.rsplit('/', 1)[0]}/__init__.py" not in files and not f.endswith("/conftest.py")]
+    names = [f.rsplit("/", 1)[1] for f in modules]
+    clashes = sorted(f for f in modules if names.count(f.rsplit("/", 1)[1]) > 1)
+    assert not clashes, f"test modules sharing a file name: {clashes}"
+
+
 def test_every_result_is_cited_by_a_doc() -> None:
     results = sorted(f for f in repository_files() if "/results/" in f or f.startswith("results/"))
     uncited = [f for f in results if not cited(f)]
