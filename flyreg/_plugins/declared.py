@@ -69,7 +69,7 @@ def _pick(value: Default) -> Callable[[Spec], Config]:
 
 def _spec_value(value: Any) -> JSONScalar:
     """A key's value as a spec holds it: a ``torch.dtype`` by its name (``"bfloat16"``)."""
-    name = type(value).__name__
+    name = type(value).__name__  # torch.dtype, told without importing torch
     return str(value).removeprefix("torch.") if name == "dtype" else value
 
 
@@ -200,7 +200,8 @@ class DeclaredOp:
         if self.declaration.cpu is None:
             return "triton"
         if spec.get("backend") not in BACKEND.values:
-            raise ValueError(f"{self.name or 'the'} spec 'backend' must be 'triton' or 'cpu', got {spec.get('backend')!r}")
+            raise ValueError(f"{self.name or 'the'} spec 'backend' must be 'triton' or 'cpu', "
+                             f"got {spec.get('backend')!r}")
         return str(spec["backend"])
 
     def _bound(self, knobs: Mapping[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
@@ -264,7 +265,7 @@ def declare(**fields: Any) -> DeclaredOp:
     return DeclaredOp(Declaration(**fields))
 
 
-def triton_op(kernel: Any, *, grid: Callable[[dict[str, Any]], tuple[int, ...]],
+def triton_op(kernel: Any, *, schema: str, grid: Callable[[dict[str, Any]], tuple[int, ...]],
               args: Callable[..., Sequence[Any]], output_like: str | None = None, **declared: Any) -> DeclaredOp:
     """A declared op whose launch is ``kernel[grid](*args(...), **knobs, **hints)``, as ``@triton.autotune``'s.
 
@@ -274,14 +275,15 @@ def triton_op(kernel: Any, *, grid: Callable[[dict[str, Any]], tuple[int, ...]],
     kernel's arguments by name plus the knobs. The kernel is compiled once per call signature
     (:func:`flyreg.triton.compiled_launcher`). Every other argument is a :class:`Declaration` field.
     """
-    names = _signature(declared["schema"]).parameters
-    out_at = list(names).index(output_like) if output_like is not None else None
-    return declare(bind=functools.partial(_bind_kernel, kernel, grid, args, out_at, len(names)),
+    names = list(_signature(schema).parameters)
+    out_at = names.index(output_like) if output_like in names else None  # the record names a wrong one
+    return declare(schema=schema, bind=functools.partial(_bind_kernel, kernel, grid, args, out_at, len(names)),
                    output_like=output_like, **declared)
 
 
-def _bind_kernel(kernel: Any, grid: Callable[[dict[str, Any]], tuple[int, ...]], kernel_args: Callable[..., Sequence[Any]],
-                 out_at: int | None, arity: int, *call: Any, **options: Any) -> Callable[..., Any]:
+def _bind_kernel(kernel: Any, grid: Callable[[dict[str, Any]], tuple[int, ...]],
+                 kernel_args: Callable[..., Sequence[Any]], out_at: int | None, arity: int, *call: Any,
+                 **options: Any) -> Callable[..., Any]:
     """The launcher of ``kernel`` for calls shaped like ``call`` (see :func:`triton_op`)."""
     import torch
 

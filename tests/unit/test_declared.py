@@ -144,8 +144,9 @@ def test_every_hook_is_derived_from_a_full_declaration() -> None:
     import ast
 
     specs = ast.parse((Path(__file__).resolve().parents[2] / "flyreg" / "_plugins" / "hookspecs.py").read_text())
-    (required, optional) = [ast.literal_eval(node.value) for node in specs.body if isinstance(node, ast.Assign)
-                            and node.targets[0].id in ("REQUIRED_HOOKS", "OPTIONAL_HOOKS")]  # type: ignore[attr-defined]
+    lists = {t.id: node.value for node in specs.body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name)}
+    required, optional = (ast.literal_eval(lists[n]) for n in ("REQUIRED_HOOKS", "OPTIONAL_HOOKS"))
     full = declared(workloads={"cpu": []}, make_inputs=lambda spec, device: (), work=lambda spec: None)
     for hook in (*required, *optional):
         assert hasattr(getattr(full, hook), "flyreg_impl"), hook
