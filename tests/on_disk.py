@@ -73,6 +73,15 @@ def cache_entries(op: str | None = None) -> dict[tuple[str, str], dict[str, Any]
     return {(o, k): json.loads(e) for o, k, e in rows}
 
 
+def record_calls(path: Path) -> dict[str, int]:
+    """Calls per op in the serving record at ``path`` (its table ``served``); none while it has no table yet."""
+    try:
+        rows = _rows(path, "SELECT op, SUM(calls) FROM served GROUP BY op")
+    except sqlite3.OperationalError:  # being created by its first writer
+        return {}
+    return {op: int(n) for op, n in rows}
+
+
 #: Python source that ends a writer script: ``work(worker)`` runs in WORKERS forks of the script's process
 #: (so torch is imported once), "ready" is printed once they are started, and the process exits 0 when
 #: every fork returned. The script defines ``workers`` and ``work`` before it.

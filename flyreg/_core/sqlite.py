@@ -38,7 +38,7 @@ from flyreg._core.fileio import warn_once
 #: How long a connection waits for a lock another process holds before giving up (seconds).
 BUSY_TIMEOUT = 10.0
 #: How long moving a file aside waits for ``<name>.lock``, which another process moving it aside holds.
-LOCK_TIMEOUT = 10.0
+LOCK_TIMEOUT = 2.0
 #: The files SQLite keeps beside a database, by suffix.
 COMPANIONS = ("-wal", "-shm", "-journal")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flyreg._runtime import record_file
+from on_disk import record_calls
 
 UNIT = Path(__file__).resolve().parent.parent / "unit"
 CALLS = 7
@@ -56,8 +56,7 @@ def serve(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
 
 
 def recorded_calls(tmp_path: Path) -> int:
-    path = tmp_path / "record.sqlite3"
-    return sum(s.calls for s in record_file.read(path) if s.op == "served") if path.exists() else 0
+    return record_calls(tmp_path / "record.sqlite3").get("served", 0)
 
 
 def stop(proc: subprocess.Popen[str], sig: int) -> tuple[int, str]:
