@@ -8,7 +8,9 @@ dtype (bfloat16 or float16). Each failure is a ValueError or TypeError naming th
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -103,11 +105,16 @@ def check_ids(topk_ids: torch.Tensor, E: int) -> None:
 def check_ids_every_call() -> bool:
     """Whether :data:`CHECK_IDS_ENV` asks for the ids' values to be checked on every call outside CUDA-graph
     capture (``1``, ``true``, ``on`` or ``yes``), not only on a call signature's first; read when a call
-    signature is bound. ValueError naming the setting for any other value than those or ``0``, ``false``,
-    ``off``, ``no`` and empty."""
-    value = os.environ.get(CHECK_IDS_ENV, "").strip().lower()
+    signature is bound. Any other value than those or ``0``, ``false``, ``off``, ``no`` and empty is off,
+    with one warning naming the setting (a bad setting never breaks a call)."""
+    return _check_ids_setting(os.environ.get(CHECK_IDS_ENV, "").strip().lower())
+
+
+@functools.lru_cache(maxsize=8)
+def _check_ids_setting(value: str) -> bool:
     if value in ("1", "true", "on", "yes"):
         return True
-    if value in ("", "0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{CHECK_IDS_ENV} must be 1 or 0 (or true/false, on/off, yes/no), got {value!r}")
+    if value not in ("", "0", "false", "off", "no"):
+        warnings.warn(f"{CHECK_IDS_ENV}={value!r} is not 1 or 0 (or true/false, on/off, yes/no); ids are checked "
+                      "on a call signature's first call only", RuntimeWarning, stacklevel=3)
+    return False

@@ -34,13 +34,18 @@ from .gemm_kernels import _mma
 
 
 @triton.jit
-def _token_pairs(IDS, m, M, e, topk, TOPK_P2: tl.constexpr):
-    # For tokens m and expert e: whether each chose e, and the pair index of its first choice of e.
+def _token_ids(IDS, m, M, topk, TOPK_P2: tl.constexpr):
+    # The ids of tokens m as a [tokens, TOPK_P2] tile (-1 past M and topk), and the slot index j.
     j = tl.arange(0, TOPK_P2)
-    ids = tl.load(IDS + m[:, None] * topk + j[None, :], mask=(m < M)[:, None] & (j < topk)[None, :], other=-1)
+    return tl.load(IDS + m[:, None] * topk + j[None, :], mask=(m < M)[:, None] & (j < topk)[None, :], other=-1), j
+
+
+@triton.jit
+def _token_pairs(ids, j, m, e, topk, TOPK_P2: tl.constexpr):
+    # For tokens m (their ids tile) and expert e: whether each chose e, and the pair index of its first choice.
     match = ids == e
     first = tl.min(tl.where(match, j[None, :], TOPK_P2), axis=1)
-    return first < TOPK_P2, m * topk + tl.where(first < TOPK_P2, first, 0), match, j
+    return first < TOPK_P2, m * topk + tl.where(first < TOPK_P2, first, 0), match
 
 
 @triton.jit(do_not_specialize=["M", "P", "E", "topk"])
@@ -66,7 +71,8 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, M, P, E, topk, x_stride, 
         return
     e = tl.sum(tl.where((present > 0) & (rank == slot), experts, 0), axis=0)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    chosen, pair, match, j = _token_pairs(IDS, m, M, e, topk, TOPK_P2)
+    tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
+    chosen, pair, match = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
     tw = tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0)
     weight = tl.sum(tw, axis=1)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -109,12 +115,13 @@ def _decode_down_kernel(H, W2, OUT, IDS, EXPERTS, M, topk, N, K,
     ks = tl.arange(0, BLOCK_K)
     w_cols = (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
     steps = tl.cdiv(N, BLOCK_K)
+    tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for t in range(0, tl.load(EXPERTS) * steps):
         i = t // steps
         k0 = (t - i * steps) * BLOCK_K
         e = tl.load(EXPERTS + 1 + i)
-        chosen, pair, _, _ = _token_pairs(IDS, m, M, e, topk, TOPK_P2)
+        chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
         a_ptr = H + (pair.to(tl.int64) * N)[:, None] + (k0 + ks)[None, :]
         b_ptr = W2 + e.to(tl.int64) * (K * N) + w_cols + k0
         if EVEN_K:
