@@ -20,9 +20,8 @@ import attrs
 from flyreg._artifacts.names import canonical_value
 from flyreg._core.config import JSONScalar
 from flyreg._core.keys import SpecError
+from flyreg._core.search_terms import STRATEGIES, TIMINGS
 from flyreg._plugins.schema import Schema, SchemaError, mark_mutated, parse_schema
-from flyreg._search.bench import TIMINGS
-from flyreg._search.strategy import STRATEGIES
 
 #: The types an axis may have.
 AXIS_TYPES: dict[type, str] = {int: "int", str: "str", float: "float", bool: "bool"}
@@ -225,7 +224,7 @@ class OpRecord:
     """What an op declares about itself; every field is optional. Checked when made.
 
     ``strategy`` names the search strategy the op prefers for a large config space (a name in
-    :data:`flyreg._search.strategy.STRATEGIES`); None lets flyreg choose.
+    :data:`flyreg._core.search_terms.STRATEGIES`); None lets flyreg choose.
     ``ordered_axes`` is for an op that declares no ``axes``; otherwise it is derived from the
     axes' ``ordered`` flags. ``restore_value`` and ``reset_to_zero`` must be among ``arg_names``.
 

@@ -26,10 +26,10 @@ from flyreg._core.fileio import warn_once
 from flyreg._core.keys import (DeviceIdentity, cache_key, cache_key_prefix, env_values, identity_of,
                                normalize_spec)
 from flyreg._core.results import GraphCaptureError, Resolution, TuneError
+from flyreg._core.search_terms import Call
 from flyreg._runtime import pending
 from flyreg._runtime.searching import search
 from flyreg._runtime.state import TunerState, spec_key
-from flyreg._search.engine import Call
 
 Spec = dict[str, JSONScalar]
 

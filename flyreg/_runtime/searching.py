@@ -1,10 +1,14 @@
-"""The last source of the chain: search a call's configs, then store the winner."""
+"""The last source of the chain: search a call's configs, then store the winner.
+
+The search (``flyreg._search``) is imported when one starts, never by a served call.
+"""
 
 from __future__ import annotations
 
 import datetime
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -15,17 +19,21 @@ from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, env_values
 from flyreg._core.peaks import Peak, known_peak, peak_of
 from flyreg._core.results import Resolution, TuneReport
+from flyreg._core.search_terms import Call, SearchSettings
 from flyreg._core.toolchain import current, fingerprint
 from flyreg._runtime.state import TunerState
-from flyreg._search.engine import Call, Machine, run_search, run_strategy
-from flyreg._search.isolate import WorkerEvaluator
-from flyreg._search.isolated import Compile, IsolatedEvaluator
-from flyreg._search.settings import SearchSettings
+
+if TYPE_CHECKING:
+    from flyreg._search.isolate import WorkerEvaluator
+    from flyreg._search.isolated import Compile
+    from flyreg._search.journal import Machine
 
 
 def time_config(tuner: TunerState, config: Config, spec: dict[str, JSONScalar], call: Call) -> float:
     """``config`` checked against the reference on ``call`` and timed, as a search times a candidate, storing
     nothing; raises :class:`TuneError` naming why when it fails or is wrong."""
+    from flyreg._search.engine import run_search
+
     config = tuner.space.canonical(config, spec)
 
     def build(c: Config) -> object:
@@ -45,6 +53,8 @@ def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity
     Returns the resolution and the error of a failed artifact write (None when written or not asked);
     the report lands in ``tuner.reports[pkey]``.
     """
+    from flyreg._search.engine import run_search
+
     tuner.stats.searches += 1
     default = tuner.space.default(spec)
 
@@ -64,6 +74,9 @@ def search_isolated(tuner: TunerState, spec: dict[str, JSONScalar], ident: Devic
     """:func:`search` with every candidate compiled by ``compile`` and timed by ``bench`` in worker processes
     (:class:`~flyreg._search.isolated.IsolatedEvaluator`); this process runs none. ``spec`` and ``pkey``
     are those of the worker's call."""
+    from flyreg._search.engine import run_strategy
+    from flyreg._search.isolated import IsolatedEvaluator
+
     tuner.stats.searches += 1
     settings = settings if settings is not None else tuner.settings
     evaluate = IsolatedEvaluator(settings, spec, device, tuner.stats, machine(tuner, spec, ident), bench, compile)
@@ -119,5 +132,7 @@ def machine(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentit
     """What the tuning journal keys a search's measurements by, besides op, spec and timing: the device,
     and the toolchain the scratch cache's key holds (:func:`flyreg._core.toolchain.current`) with the
     values of the op's ``key_env`` variables (``env:NAME``), which change what a config runs."""
+    from flyreg._search.journal import Machine
+
     env = {f"env:{k}": v for k, v in env_values(tuner.key_env) if v is not None}
     return Machine(ident.to_json(), {**current(spec, ident.arch, tuner.version), **env})

@@ -10,9 +10,9 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.launch import Launcher
 from flyreg._core.results import Resolution, TuneReport, TunerStats
+from flyreg._core.search_terms import SearchSettings
 from flyreg._runtime.builds import BuildCache
 from flyreg._runtime.space import ConfigSpace
-from flyreg._search.settings import SearchSettings
 
 Spec = dict[str, JSONScalar]
 

@@ -20,14 +20,13 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import cache_key, env_values, identity_of, normalize_spec, tensor_axes
 from flyreg._core.launch import Launcher, bind_launcher, named_args
 from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
+from flyreg._core.search_terms import Call, SearchSettings, names_of
 from flyreg._runtime import record, resolution
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
 from flyreg._runtime.resolution import Request, autotune_forced, capturing
 from flyreg._runtime.searching import search, time_config
 from flyreg._runtime.space import ConfigSpace, Configs, Default, Prune
 from flyreg._runtime.state import Memory
-from flyreg._search.engine import Call
-from flyreg._search.settings import SearchSettings, names_of
 
 __all__ = ["Autotuner", "GraphCaptureError", "Resolution", "TuneError", "TuneReport", "autotune_forced", "capturing"]
 
@@ -57,7 +56,7 @@ class Autotuner:
     for it in this run.) On a call, a failed artifact write warns once and the winner is still
     served from memory; :meth:`tune` raises it.
 
-    ``search_options`` are those of :meth:`SearchSettings.of <flyreg._search.settings.SearchSettings.of>`:
+    ``search_options`` are those of :meth:`SearchSettings.of <flyreg._core.search_terms.SearchSettings.of>`:
     ``warmup``, ``rep``, ``tie_band``, ``timing``, ``restore_value``, ``reset_to_zero``,
     ``reference`` and ``compile_threads`` (and the deprecated ``cuda_graph``). ``restore_value``
     and ``reset_to_zero`` must name arguments the tuner can find: entries of ``arg_names`` (by
@@ -69,7 +68,7 @@ class Autotuner:
     vets the spec of a stored config (an artifact's, a cache entry's) before it may serve. It
     raises ValueError (a :class:`~flyreg._core.keys.SpecError`) for a bad spec.
 
-    ``timing`` says how a search on a GPU times candidates (:data:`flyreg._search.bench.TIMINGS`):
+    ``timing`` says how a search on a GPU times candidates (:data:`flyreg._core.search_terms.TIMINGS`):
     ``"steady"`` (the default) replays many calls in a CUDA graph over rotating copies of the
     call's inputs, as a kernel runs in a model; ``warmup`` and ``rep`` then count replays.
     A search on the CPU times single calls. A search ends with a final round wherever more than
@@ -256,7 +255,7 @@ class Autotuner:
              search_options: Mapping[str, Any] | None = None, **kwargs: Any) -> TuneReport:
         """Search the configs of this call now (whatever is cached), store the winner and return the report.
 
-        ``search_options`` change this search's run (:data:`flyreg._search.settings.RUN_FIELDS`:
+        ``search_options`` change this search's run (:data:`flyreg._core.search_terms.RUN_FIELDS`:
         ``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``, ``retry_failed``); ``flyreg tune``
         passes its flags, ``resume=True`` and, with ``--force``, ``retry_failed=True``. A failed
         artifact write raises OSError after the winner is stored in memory and in the scratch cache.

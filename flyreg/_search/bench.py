@@ -9,24 +9,14 @@ from typing import Any
 
 from flyreg._core.device_facts import flush_bytes
 from flyreg._core.results import BenchResult
+from flyreg._core.search_terms import TIMINGS, check_counts
 
-#: How a search times candidates on a GPU: ``steady`` (a CUDA graph of calls over rotating input
-#: copies, :mod:`flyreg._search.steady`), ``flushed`` (single calls after an L2 flush) or ``graph`` (a CUDA
-#: graph of calls on the call's own inputs). A CPU search always times single calls.
-TIMINGS = ("steady", "flushed", "graph")
+__all__ = ["TIMINGS", "WARM_SECONDS", "check_counts", "device_kind", "do_bench", "warm_device"]
 
 
 def device_kind(device: Any) -> str:
     """``"cuda"``, ``"cpu"``, ...: the type of a ``torch.device`` or of a device string (``"cuda:1"``)."""
     return getattr(device, "type", None) or str(device).partition(":")[0]
-
-
-def check_counts(warmup: object, rep: object) -> None:
-    """Raise ValueError unless ``warmup`` is an int >= 0 and ``rep`` an int >= 1 (bools are not counts)."""
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0 (a count of runs), got {warmup!r}")
-    if not isinstance(rep, int) or isinstance(rep, bool) or rep < 1:
-        raise ValueError(f"rep must be an int >= 1 (a count of runs), got {rep!r}")
 
 
 def do_bench(

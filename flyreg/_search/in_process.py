@@ -17,6 +17,7 @@ import torch
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.launch import Launcher, LaunchSignatureError
 from flyreg._core.results import BenchResult, TunerStats
+from flyreg._core.search_terms import Call
 from flyreg._search import journal
 from flyreg._search.bench import warm_device
 from flyreg._search.binding import Bind, Build, CandidateExited, bind_all
@@ -26,16 +27,6 @@ from flyreg._search.graphs import CaptureError
 from flyreg._search.settings import SearchSettings
 from flyreg._search.steady import InputSet
 from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
-
-
-@attrs.frozen
-class Call:
-    """The call a search runs on: its arguments, by position and keyword and by name, and its device."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    named: dict[str, Any]
-    device: Any
 
 
 @attrs.frozen

@@ -16,14 +16,13 @@ from typing import Protocol
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.search_terms import EFFORTS, STRATEGIES as STRATEGY_NAMES
 
 Evaluate = Callable[[Sequence[Config]], Mapping[Config, "float | None"]]
 Times = dict[Config, "float | None"]
 
 #: Spaces up to this size are searched exhaustively unless the op or the user asks otherwise.
 EXHAUSTIVE_MAX = 256
-#: How much of a space to time: ``auto`` (all of a small one), ``quick`` (a share), ``full`` (all).
-EFFORTS = ("auto", "quick", "full")
 #: The share of a large space the ``quick`` effort times at most.
 QUICK_SHARE = 0.15
 
@@ -204,7 +203,8 @@ class LocalSearch:
         return meter.times
 
 
-STRATEGIES: dict[str, Callable[[], Strategy]] = {"exhaustive": Exhaustive, "local": LocalSearch}
+#: Each strategy by its name in :data:`flyreg._core.search_terms.STRATEGIES`.
+STRATEGIES: dict[str, Callable[[], Strategy]] = dict(zip(STRATEGY_NAMES, (Exhaustive, LocalSearch), strict=True))
 
 
 def choose(space_size: int, effort: str = "auto", preferred: str | None = None) -> tuple[Strategy, int | None]:
