@@ -100,7 +100,8 @@ class Declaration:
     value stands for its name. ``axes``: the spec's typed axes (optional; a ``backend`` axis is added
     for an op with a CPU fallback).
     ``bind(*args, **knobs, **hints)``: the launcher of calls shaped like ``args`` (all of them,
-    defaults filled in), compiled once; it is called with a call's own positional arguments.
+    defaults filled in), compiled once; it is called with a call's own arguments (its keywords too,
+    where the launcher takes them; else all of them by position). Hints it does not take are left out.
     ``configs`` and ``default``: the space and heuristic config, each a value or a function of the spec.
     ``cpu(*args, **knobs)``: a plain torch implementation run on the CPU, with its own ``cpu_configs``
     and ``cpu_default`` (default: the first of them); it is the ``reference`` unless one is given.
@@ -137,6 +138,7 @@ class Declaration:
     strategy: str | None = None
 
     def record(self, arg_names: Sequence[str]) -> OpRecord:
+        """The op's record: these fields, the schema's ``arg_names`` and the axes (the backend's among them)."""
         axes = self.axes
         if self.cpu is not None and axes:
             axes = sorted((*axes, BACKEND), key=lambda a: a.name)
