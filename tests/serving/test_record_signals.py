@@ -21,12 +21,15 @@ from on_disk import record_calls
 
 UNIT = Path(__file__).resolve().parent.parent / "unit"
 CALLS = 7
-#: argv: the record's marker file. Optionally installs the application's own SIGTERM handler (APP_HANDLER
-#: set: it writes the marker and exits 3), then serves CALLS calls, says "ready" and waits to be stopped.
+#: argv: the record's marker file. Optionally installs the application's own SIGTERM handler (APP_HANDLER=1:
+#: it writes the marker and exits 3; APP_HANDLER=ignore: SIGTERM ignored), then serves CALLS calls, says
+#: "ready" and waits to be stopped.
 SERVER = f"""
 import os, signal, sys, time
 from pathlib import Path
-if os.environ.get("APP_HANDLER"):
+if os.environ.get("APP_HANDLER") == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif os.environ.get("APP_HANDLER"):
     def stop(signum, frame):
         Path(sys.argv[1]).write_text("the application's handler ran")
         sys.exit(3)
@@ -78,6 +81,18 @@ def test_sigterm_runs_the_applications_handler_after_the_flush(tmp_path: Path) -
     assert code == 3, err  # the application's handler decided how it ends
     assert (tmp_path / "marker").read_text() == "the application's handler ran"
     assert recorded_calls(tmp_path) == CALLS  # flushed on the signal, and not again at exit
+
+
+def test_an_ignored_sigterm_flushes_and_stays_ignored(tmp_path: Path) -> None:
+    proc = serve(tmp_path, APP_HANDLER="ignore")
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while recorded_calls(tmp_path) < CALLS and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert recorded_calls(tmp_path) == CALLS
+    assert proc.poll() is None  # still serving
+    code, _ = stop(proc, signal.SIGKILL)
+    assert code == -signal.SIGKILL and recorded_calls(tmp_path) == CALLS
 
 
 def test_a_sigkill_loses_at_most_one_interval(tmp_path: Path) -> None:
