@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from flyreg.plugin import Axis, Work, declare
+from flyreg.plugin import Axis, DeclaredOp, Work, declare
 
 from . import cpu, space
 from .checks import check_fused_add, check_rmsnorm
@@ -35,9 +35,8 @@ def _key(x: torch.Tensor, *rest: Any) -> dict[str, Any]:
 def _bind(fused: bool, *args: Any, BLOCK_N: int, ROWS: int, num_warps: int | None = None,
           num_stages: int | None = None) -> Callable[..., torch.Tensor]:
     from . import triton_kernels as tk  # Triton only where it runs
-
-    return (tk.bind_fused_add_rmsnorm if fused else tk.bind_rmsnorm)(
-        *args, BLOCK_N=BLOCK_N, ROWS=ROWS, num_warps=num_warps, num_stages=num_stages)
+    bind = tk.bind_fused_add_rmsnorm if fused else tk.bind_rmsnorm
+    return bind(*args, BLOCK_N=BLOCK_N, ROWS=ROWS, num_warps=num_warps, num_stages=num_stages)
 
 
 def _reference(x: torch.Tensor, *rest: Any) -> torch.Tensor:
@@ -61,7 +60,7 @@ def _work(fused: bool, spec: dict[str, Any]) -> Work:
     return Work(bytes=(4 if fused else 2) * int(spec["M"]) * int(spec["N"]) * size + int(spec["N"]) * size)
 
 
-def _declared(fused: bool) -> Any:
+def _declared(fused: bool) -> DeclaredOp:
     args = "Tensor x, Tensor residual, Tensor weight" if fused else "Tensor x, Tensor weight"
     return declare(
         name="RMSNorm", schema=f"({args}, float eps=1e-06) -> Tensor", output_like="x", version="3",
