@@ -62,6 +62,14 @@ def recorded_calls(tmp_path: Path) -> int:
     return record_calls(tmp_path / "record.sqlite3").get("served", 0)
 
 
+def wait_for_calls(tmp_path: Path) -> int:
+    """The record's calls once it holds all CALLS, or after a minute (a generous bound on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while recorded_calls(tmp_path) < CALLS and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return recorded_calls(tmp_path)
+
+
 def stop(proc: subprocess.Popen[str], sig: int) -> tuple[int, str]:
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
@@ -86,10 +94,7 @@ def test_sigterm_runs_the_applications_handler_after_the_flush(tmp_path: Path) -
 def test_an_ignored_sigterm_flushes_and_stays_ignored(tmp_path: Path) -> None:
     proc = serve(tmp_path, APP_HANDLER="ignore")
     proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while recorded_calls(tmp_path) < CALLS and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert recorded_calls(tmp_path) == CALLS
+    assert wait_for_calls(tmp_path) == CALLS
     assert proc.poll() is None  # still serving
     code, _ = stop(proc, signal.SIGKILL)
     assert code == -signal.SIGKILL and recorded_calls(tmp_path) == CALLS
@@ -97,9 +102,7 @@ def test_an_ignored_sigterm_flushes_and_stays_ignored(tmp_path: Path) -> None:
 
 def test_a_sigkill_loses_at_most_one_interval(tmp_path: Path) -> None:
     proc = serve(tmp_path, FLYREG_RECORD_INTERVAL="0.2")
-    deadline = time.monotonic() + 60  # a generous bound on a loaded machine, far above the interval
-    while recorded_calls(tmp_path) < CALLS and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for_calls(tmp_path)  # a few intervals pass
     code, _ = stop(proc, signal.SIGKILL)
     assert code == -signal.SIGKILL
     assert recorded_calls(tmp_path) == CALLS
