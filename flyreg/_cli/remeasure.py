@@ -26,6 +26,8 @@ from flyreg._core.keys import DeviceIdentity, identity_of
 
 #: How many configs of the nearest artifacts each spec is timed against, besides the default.
 NEIGHBOURS = 3
+#: How many ``flyreg tune`` commands of the retune set are printed (the report has every one).
+SHOWN = 10
 
 
 @attrs.define
@@ -132,6 +134,7 @@ def run_remeasure(dirs: Sequence[Path], op_names: Sequence[str], device: str, kn
     targets, passed = targets_of(dirs, ident, op_names, known)
     if workloads:
         targets += workload_targets(list(op_names) or sorted({t.op for t in targets} or known), device, targets)
+    targets.sort(key=_order)
     click.echo(f"remeasuring {len(targets)} spec(s) on {ident.name} ({ident.arch}) ...", err=True)
     for target in targets:
         try:
@@ -148,15 +151,24 @@ def run_remeasure(dirs: Sequence[Path], op_names: Sequence[str], device: str, kn
     lines.append(f"remeasured {len(rows)} spec(s) on {ident.name} ({ident.arch}): "
                  + ", ".join(f"{n} {v}" for v, n in counts.items())
                  + (f", {len(failed)} not measured" if failed else "") + f"; report in {report}")
+    again = [{"op": r["op"], "spec": r["spec"], "command": f"flyreg tune {r['op']} --spec {spec_str(r['spec'])}"}
+             for r in rows if r["verdict"] == "retune"]
+    lines.extend(f"to re-tune: {a['command']}" for a in again[:SHOWN])
+    if len(again) > SHOWN:
+        lines.append(f"to re-tune: ... and {len(again) - SHOWN} more (the report lists them; --retune tunes them)")
     for line in lines:
         click.echo(line)
     write_json_atomic(report, {
         "device": ident.to_json(), "margin": margin, "counts": counts, "rows": rows,
-        "errors": [{"op": t.op, "spec": t.spec, "error": t.error} for t in failed],
-        "retune": [{"op": r["op"], "spec": r["spec"], "command": f"flyreg tune {r['op']} --spec {spec_str(r['spec'])}"}
-                   for r in rows if r["verdict"] == "retune"],
+        "errors": [{"op": t.op, "spec": t.spec, "error": t.error} for t in failed], "retune": again,
     })
     return targets
+
+
+def _order(t: Target) -> tuple[Any, ...]:
+    """By op, then by spec, numbers in numeric order."""
+    return (t.op, *((k, 0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (k, 1, 0, str(v))
+                    for k, v in sorted(t.spec.items())))
 
 
 def fallback_costs(rows: list[dict[str, Any]]) -> list[str]:

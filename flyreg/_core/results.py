@@ -59,8 +59,12 @@ class Resolution:
     """The config a call gets, where this lookup found it (``source``) and where it came from (``origin``).
 
     Both are one of ``"memory"`` (``source`` only), ``"cache"``, ``"offline"``, ``"default"`` and
-    ``"search"``. ``path`` is the artifact (or cache file) that served it; ``stale`` says that
-    artifact came from another toolchain; ``nearest`` that it was tuned for the nearest spec, not this one.
+    ``"search"``; an artifact's ``source`` names the link of the fallback chain that served it:
+    ``"offline"`` (the exact artifact), ``"offline-nearest"``, ``"offline-other-device"`` or
+    ``"offline-other-toolchain"``, and a key first met during CUDA-graph capture with no config tuned
+    for it has ``"capture:<source>"`` (``flyreg.tune_pending()`` tunes it). ``path`` is the artifact
+    (or cache file) that served it; ``stale`` says that artifact came from another toolchain;
+    ``nearest`` that it was tuned for the nearest spec, not this one.
     """
 
     config: Config

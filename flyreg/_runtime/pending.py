@@ -51,7 +51,7 @@ class _Entry:
     call: tuple[tuple[Any, ...], dict[str, Any]] | None  # the captured call's arguments, without make_inputs
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a tuner's weakref callback may run inside a locked section
 _entries: dict[tuple[int, str], _Entry] = {}  # (id(tuner), scratch-cache key) -> entry
 
 

@@ -119,7 +119,7 @@ def rewrite(page: str, bodies: Sequence[tuple[Example, str]]) -> str:
 # -- normalizing what a command printed ---------------------------------------------------------------------
 #: Tune and report summary columns whose values come from timing, and what they show instead.
 MASKED_COLUMNS = {"winner": "<winner>", "time": "<time>", "vs default": "<speedup>", "speedup": "<speedup>",
-                  "why": "<why>", "of bound": "<of bound>", "measuring": "<seconds>"}
+                  "why": "<why>", "of bound": "<of bound>", "measuring": "<seconds>", "slower": "<slower>"}
 
 
 def _cells(line: str, edge: str) -> list[str]:

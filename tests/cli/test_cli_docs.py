@@ -30,7 +30,9 @@ What varies from run to run or machine to machine is normalized, and the page sh
   laid out again for the new widths (rich's titles are centred again too; a table whose folded
   cells change is shown unfolded, one line a row);
 - ``-:--:--`` for the progress bar's elapsed and remaining times, ``<seconds>`` for a tune's
-  wall time, ``<date>`` for a timestamp, ``.corrupt-<time>`` for a moved-aside file's suffix and
+  wall time, ``<cost>`` for what ``check --remeasure`` measured a source to cost, ``<slower>`` in
+  its table's timing column (``<time>`` and ``<speedup>`` too), ``<date>`` for a timestamp,
+  ``.corrupt-<time>`` for a moved-aside file's suffix and
   ``<GB/s>`` for a measured copy bandwidth;
 - ``<progress bar>`` for an unfinished progress bar (an interrupted tune's);
 - no trailing spaces, and no blank lines at the end of an output.
@@ -60,12 +62,14 @@ from cli_harness import BROKEN_ENTRY_POINTS, CommandServer, command_env, fake_di
 from doc_examples import Example, examples, normalize, rewrite
 from flyreg import DeviceIdentity
 from on_disk import artifact_name, this_device
+from toy_ops import NAP_ENTRY_POINTS, NAP_MODULE, NAP_NAME, shipped_naps
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGEN = os.environ.get("FLYREG_REGEN_DOCS") == "1"
 SHOWN_DIR = "/tmp/flyreg-demo"
 SHOWN_SHIPPED = "<flyreg_rmsnorm>/configs"
-FAKE_DISTRIBUTIONS = {"broken-ops": BROKEN_ENTRY_POINTS}
+FAKE_DISTRIBUTIONS = {"broken-ops": BROKEN_ENTRY_POINTS, NAP_NAME: NAP_ENTRY_POINTS}
+FAKE_MODULES = {NAP_NAME: {"flyreg_nap_ops/__init__.py": "", "flyreg_nap_ops/toynap.py": NAP_MODULE}}
 ATTEMPTS = 3  # an interrupted example runs again (at most this often) when SIGINT landed past the next job
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or shutil.which("bash") is None,
@@ -92,6 +96,7 @@ def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
          "CPU_NAME"),
         (r"\b\d+:\d\d:\d\d\b", "-:--:--"),
         (r"^(cost: .*, )\d+(?:\.\d+)? s$", r"\1<seconds> s"),
+        (r"^(cost of source \S+: \d+ spec\(s\), ).*$", r"\1<cost>"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?", "<date>"),
         (r"\.corrupt-\d+", ".corrupt-<time>"),
         (r"copy bandwidth \d+(?:\.\d+)? GB/s", "copy bandwidth <GB/s>"),
@@ -146,8 +151,14 @@ def serving_record(demo: Path, env: dict[str, str]) -> None:
                    check=True, capture_output=True, timeout=120)
 
 
+def nap_artifacts(demo: Path, env: dict[str, str]) -> None:
+    """``shipped/``: toynap's artifacts of ``toy_ops.shipped_naps``, from the one tuned into it."""
+    shipped_naps(demo / "shipped")
+
+
 FILES: dict[str, Callable[[Path, dict[str, str]], None]] = {"bad-artifacts": bad_artifacts,
-                                                            "serving-record": serving_record}
+                                                            "serving-record": serving_record,
+                                                            "nap-artifacts": nap_artifacts}
 
 
 # -- running the page ---------------------------------------------------------------------------------------
@@ -255,7 +266,7 @@ def page_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     page = PAGE.read_text(encoding="utf-8")
     grouped = chains(examples(page))
     tmp = tmp_path_factory.mktemp("cli-docs")
-    sites = {name: fake_distribution(tmp / "sites" / name, name, entry_points)
+    sites = {name: fake_distribution(tmp / "sites" / name, name, entry_points, FAKE_MODULES.get(name))
              for name, entry_points in FAKE_DISTRIBUTIONS.items()}
     workers = max(1, min(len(grouped), os.cpu_count() or 1, 4))
     server_env = Session(tmp / "server", tuple(sites), sites).env()  # every fake site on the servers' sys.path

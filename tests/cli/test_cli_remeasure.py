@@ -17,22 +17,7 @@ from typing import Any
 import pytest
 
 from cli_harness import Flyreg, one_line_error, table_rows
-from toy_ops import NAP_DEFAULT, NAP_NAME, nap_site
-
-
-def artifact_like(template: dict[str, Any], directory: Path, n: int, nap: int, device: str | None = None,
-                  torch_version: str | None = None) -> Path:
-    """A copy of the artifact ``template`` for spec ``n`` with config ``NAP=nap`` (on ``device``, tuned with
-    torch ``torch_version``), named by its content."""
-    data = json.loads(json.dumps(template))
-    data["spec"], data["config"]["kwargs"] = {"n": n}, {"NAP": nap}
-    if device is not None:
-        data["device"]["name"] = device
-    if torch_version is not None:
-        data["provenance"]["toolchain"]["torch"] = torch_version
-    path = directory / f"toynap,n={n},device_name={data['device']['name']}.json"
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return path
+from toy_ops import NAP_DEFAULT, NAP_NAME, nap_site, shipped_naps
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +26,10 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Flyreg, Path]:
     tuned on another product of this arch, n=512 the fastest tuned with another torch."""
     root = tmp_path_factory.mktemp("remeasure")
     cmd = Flyreg(root, {NAP_NAME: nap_site(root / "site")})
-    tuned = cmd.run("tune", "toynap", "--spec", "n=64", "--device", "cpu", "--out", str(root / "tuned"))
-    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
-    (first,) = (root / "tuned").glob("*.json")
-    template = json.loads(first.read_text(encoding="utf-8"))
     shipped = root / "shipped"
-    shipped.mkdir()
-    artifact_like(template, shipped, 64, 1)
-    artifact_like(template, shipped, 128, 18)
-    artifact_like(template, shipped, 256, 1, device="Other_CPU_9000")
-    artifact_like(template, shipped, 512, 1, torch_version="0.0.1")
+    tuned = cmd.run("tune", "toynap", "--spec", "n=64", "--device", "cpu", "--out", str(shipped))
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+    shipped_naps(shipped)
     return cmd, shipped
 
 
@@ -84,7 +63,8 @@ def test_remeasure_classifies_each_artifact_and_costs_each_fallback(shipped: tup
     lines = proc.stdout.splitlines()
     assert any(line.startswith("cost of source offline-other-device: 1 spec(s), 0.0% slower") for line in lines)
     assert any(line.startswith("cost of source offline-other-toolchain: 1 spec(s)") for line in lines)
-    assert lines[-1].startswith("remeasured 4 spec(s) on ") and "1 keep, 2 stale-but-fine, 1 retune" in lines[-1]
+    assert lines[-2].startswith("remeasured 4 spec(s) on ") and "1 keep, 2 stale-but-fine, 1 retune" in lines[-2]
+    assert lines[-1] == "to re-tune: flyreg tune toynap --spec n=128"
 
 
 def test_retune_tunes_the_retune_set_alone_and_it_is_then_kept(shipped: tuple[Flyreg, Path]) -> None:

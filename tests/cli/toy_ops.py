@@ -8,7 +8,9 @@ work in bytes and flops.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from cli_harness import fake_distribution
 
@@ -153,3 +155,30 @@ def nap_site(root: Path) -> Path:
     """The site dir of the fake distribution ``nap-ops`` (op ``toynap``) under ``root``."""
     return fake_distribution(root, NAP_NAME, NAP_ENTRY_POINTS,
                              {"flyreg_nap_ops/__init__.py": "", "flyreg_nap_ops/toynap.py": NAP_MODULE})
+
+
+def nap_artifact_like(template: dict[str, Any], directory: Path, n: int, nap: int, device: str | None = None,
+                      torch_version: str | None = None) -> Path:
+    """A copy of the toynap artifact ``template`` for spec ``n`` with config ``NAP=nap`` (on ``device``, tuned with
+    torch ``torch_version``), named by its content."""
+    data = json.loads(json.dumps(template))
+    data["spec"], data["config"]["kwargs"] = {"n": n}, {"NAP": nap}
+    if device is not None:
+        data["device"]["name"] = device
+    if torch_version is not None:
+        data["provenance"]["toolchain"]["torch"] = torch_version
+    path = directory / f"toynap,n={n},device_name={data['device']['name']}.json"
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return path
+
+
+def shipped_naps(directory: Path) -> None:
+    """From the one toynap artifact tuned into ``directory``: n=64 with the fastest config, n=128 with the slowest,
+    n=256 with the fastest tuned on another product of this arch, n=512 with the fastest tuned with another torch."""
+    (tuned,) = directory.glob("toynap,*.json")
+    template = json.loads(tuned.read_text(encoding="utf-8"))
+    tuned.unlink()
+    nap_artifact_like(template, directory, 64, NAPS[0])
+    nap_artifact_like(template, directory, 128, NAPS[-1])
+    nap_artifact_like(template, directory, 256, NAPS[0], device="Other_CPU_9000")
+    nap_artifact_like(template, directory, 512, NAPS[0], torch_version="0.0.1")

@@ -30,6 +30,14 @@ def test_import_loads_no_heavy_module() -> None:
     assert json.loads(out) == []
 
 
+def test_pending_and_tune_pending_are_public_and_cost_nothing_with_nothing_pending() -> None:
+    assert {"pending", "tune_pending"} <= set(flyreg.__all__)
+    code = ("import sys, json, flyreg; out = [flyreg.pending(), flyreg.tune_pending()]; "
+            "print(json.dumps([out, 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert json.loads(out) == [[[], []], False]  # a fresh process: nothing missed, and torch not even loaded
+
+
 def test_accepts_asks_the_installed_op_about_a_stored_config() -> None:
     spec = {"M": 32, "N": 1024, "backend": "cpu", "dtype": "float32"}
     served = flyreg.resolve_spec("rmsnorm", spec).config
