@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -10,11 +11,11 @@ from pathlib import Path
 import attrs
 
 from flyreg._artifacts.names import artifact_filename, canonical_spec, lookup_key, name_part, spec_text
-from flyreg._artifacts.store import Artifact, _index, index, lookup_dirs
+from flyreg._artifacts.store import Artifact, forget_listings, listing, lookup_dirs
 from flyreg._artifacts.usable import Accepts, config_problem, read, rejection
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
-from flyreg._core.keys import DeviceIdentity
+from flyreg._core.keys import DeviceIdentity, known_arch
 
 #: The artifact sources of the fallback chain, each its own :attr:`Resolution.source <flyreg.Resolution>`:
 #: the exact artifact (this spec, this product, this toolchain), then what lookup serves without one.
@@ -54,6 +55,13 @@ class OfflineHit:
         return OTHER_TOOLCHAIN if self.stale else EXACT
 
 
+def _may_share_arch(device_part: str, own_part: str, device: DeviceIdentity) -> bool:
+    """False for the device part of an artifact filename naming a known product of another architecture than
+    ``device`` (whose own part is ``own_part``): its files are never parsed nor read for this device."""
+    arch = known_arch(device_part)
+    return device_part == own_part or arch is None or arch == device.arch
+
+
 class OfflineStore:
     """Finds the artifact serving an op's spec on a device, across the lookup directories.
 
@@ -74,7 +82,7 @@ class OfflineStore:
 
     def forget_index(self) -> None:
         """Drop every directory listing, so the next lookup lists the directories again."""
-        _index.clear()
+        forget_listings()
 
     def lookup(self, spec: Mapping[str, JSONScalar], device: DeviceIdentity, accepts: Accepts, *,
                exact_only: bool = False, quiet: bool = False) -> OfflineHit | None:
@@ -89,7 +97,7 @@ class OfflineStore:
         dirs = self.dirs()
         exact = artifact_filename(self.op, spec, device.name)
         for d in dirs:
-            if exact in index(d):
+            if exact in listing(d):
                 art = self._serves(d / exact, spec, device, accepts, quiet, same_product=True)
                 if art is not None:
                     return self._hit(art, device, False, quiet)
@@ -114,7 +122,7 @@ class OfflineStore:
         dirs = self.dirs()
         exact = artifact_filename(self.op, spec, device.name)
         same, near = self._others(spec, device, dirs)
-        paths = [*(d / exact for d in dirs if exact in index(d)), *same, *near]
+        paths = [*(d / exact for d in dirs if exact in listing(d)), *same, *near]
         out: list[Config] = []
         for path in paths:
             art = self._serves(path, spec, device, accepts, True, same_product=False, nearest=True)
@@ -132,8 +140,9 @@ class OfflineStore:
         want_op, want_axes, want_dev = lookup_key(self.op, spec, device.name)
         same: list[Path] = []
         near: list[tuple[tuple[bool, float, int, str], Path]] = []
+        same_arch = functools.partial(_may_share_arch, own_part=want_dev, device=device)
         for rank, d in enumerate(dirs):
-            for fname, (op, axes, dev) in sorted(index(d).items()):
+            for fname, (op, axes, dev) in sorted(listing(d).parsed(same_arch).items()):
                 if op != want_op or fname == exact:
                     continue
                 if axes == want_axes:

@@ -10,7 +10,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ from flyreg._core.toolchain import Staleness, fingerprint, staleness
 from flyreg._version import __version__
 
 __all__ = ["MAX_ARTIFACT_BYTES", "SCHEMA", "Artifact", "ArtifactError", "artifact_filename", "canonical_spec",
-           "emit_artifact", "emit_dir", "env_config_dirs", "index", "load_artifact", "lookup_dirs", "parse_filename",
-           "user_config_dir"]
+           "emit_artifact", "emit_dir", "env_config_dirs", "forget_listings", "index", "listing", "load_artifact",
+           "lookup_dirs", "parse_filename", "user_config_dir"]
 
 SCHEMA = 1
 MAX_ARTIFACT_BYTES = 1 << 20
@@ -62,24 +62,69 @@ def emit_dir() -> Path:
     return dirs[0] if dirs else user_config_dir()
 
 
-_index: dict[Path, dict[str, ParsedName]] = {}
+class Listing:
+    """The artifact filenames of one directory, grouped by their device part (``device_name=<part>``); the
+    rest of a name is parsed only when a lookup asks for its device."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.by_device: dict[str, list[str]] = {}
+        self._parsed: dict[str, ParsedName | None] = {}
+        for name in names:
+            self.add(name)
+
+    def add(self, name: str) -> None:
+        """Count ``name`` in (an artifact just written); anything not named like an artifact is left out."""
+        head, marker, device = name.removesuffix(".json").rpartition(",device_name=")
+        if name.endswith(".json") and not name.startswith(".") and marker and head and name not in self._parsed:
+            self.by_device.setdefault(device, []).append(name)
+            self._parsed[name] = None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._parsed
+
+    def parsed(self, devices: Callable[[str], bool] = lambda device: True) -> dict[str, ParsedName]:
+        """Filename -> parsed name, of the files whose device part ``devices`` keeps (default: all)."""
+        out = {}
+        for device, names in self.by_device.items():
+            if not devices(device):
+                continue
+            for name in names:
+                parsed = self._parsed[name]
+                if parsed is None:
+                    parsed = self._parsed[name] = parse_filename(name)
+                if parsed is not None:
+                    out[name] = parsed
+        return out
+
+
+#: Each directory's listing, made once per process (a file written by this process is added to it).
+_listings: dict[Path, Listing] = {}
+
+
+def list_names(directory: Path) -> list[str]:
+    """The names in ``directory`` (none where it cannot be listed): the one listing lookup makes of it."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def listing(directory: Path) -> Listing:
+    """The artifact filenames of ``directory``, listed the first time this process asks."""
+    cached = _listings.get(directory)
+    if cached is None:
+        cached = _listings[directory] = Listing(list_names(directory))
+    return cached
+
+
+def forget_listings() -> None:
+    """Drop every directory's listing, so the next lookup lists the directories again."""
+    _listings.clear()
 
 
 def index(directory: Path) -> dict[str, ParsedName]:
-    """Artifact filenames of ``directory`` -> parsed name; listed once per process (see ``_index``)."""
-    cached = _index.get(directory)
-    if cached is None:
-        cached = {}
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            names = []
-        for name in names:
-            parsed = parse_filename(name)
-            if parsed is not None:
-                cached[name] = parsed
-        _index[directory] = cached
-    return cached
+    """Artifact filenames of ``directory`` -> parsed name, every device's (see :func:`listing`)."""
+    return listing(directory).parsed()
 
 
 # -- reading and writing --------------------------------------------------------------------------
@@ -174,10 +219,9 @@ def emit_artifact(op: str, spec: Mapping[str, JSONScalar], device: DeviceIdentit
                        "time_ms": _ms(time_ms), "default_ms": _ms(default_ms),
                        **({"decision": decision.to_json()} if decision is not None else {})},
     })
-    listed = _index.get(directory)
-    parsed = parse_filename(path.name)
-    if listed is not None and parsed is not None:
-        listed[path.name] = parsed
+    listed = _listings.get(directory)
+    if listed is not None:
+        listed.add(path.name)
     return path
 
 

@@ -29,6 +29,30 @@ class DeviceIdentity:
         return {"name": self.name, "arch": self.arch}
 
 
+#: The architecture of known GPU products, by a model word of the device name (``NVIDIA_H200``,
+#: ``AMD_Instinct_MI300X``): lookup skips another architecture's artifacts by their filename alone.
+PRODUCT_ARCHS = {
+    "V100": "sm_70", "T4": "sm_75", "A100": "sm_80", "A800": "sm_80", "A10": "sm_86", "A10G": "sm_86",
+    "A40": "sm_86", "L4": "sm_89", "L40": "sm_89", "L40S": "sm_89", "H100": "sm_90", "H800": "sm_90",
+    "H200": "sm_90", "H20": "sm_90", "GH200": "sm_90", "B200": "sm_100", "GB200": "sm_100",
+    "MI210": "gfx90a", "MI250": "gfx90a", "MI250X": "gfx90a", "MI300A": "gfx942", "MI300X": "gfx942",
+    "MI325X": "gfx942",
+}
+#: The first word of a GPU's device name whose model word :data:`PRODUCT_ARCHS` may know.
+_GPU_VENDORS = {"NVIDIA": "sm_", "AMD": "gfx"}
+
+
+def known_arch(name: str) -> str | None:
+    """The architecture of the GPU product ``name`` (a device identity's name) when known, else None."""
+    words = re.split(r"[^A-Z0-9]+", name.upper())
+    prefix = _GPU_VENDORS.get(words[0])
+    archs = {PRODUCT_ARCHS[w] for w in words[1:] if w in PRODUCT_ARCHS}
+    if prefix is None or len(archs) != 1:
+        return None
+    (arch,) = archs
+    return arch if arch.startswith(prefix) else None
+
+
 def sanitize(text: str) -> str:
     """Map ``text`` to ASCII letters, digits and ``._-`` (runs of anything else become ``_``)."""
     return _UNSAFE.sub("_", text).strip("_") or "_"
