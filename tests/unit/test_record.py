@@ -300,7 +300,7 @@ def test_an_artifact_whose_spec_does_not_fit_is_never_served(reg: Callable[..., 
     flyreg.unregister("doubling")
     flyreg.register(Doubling(), name="doubling")
     res = flyreg.resolve_spec("doubling", want)
-    assert (res.source, res.nearest, res.config) == ("offline", True, Config({"ROWS": 1}))
+    assert (res.source, res.nearest, res.config) == ("offline-nearest", True, Config({"ROWS": 1}))
 
     problems = {p.path.name: p for p in check_artifacts([again], {"doubling": "1"}, accepts=flyreg.accepts)}
     bad = [p for p in problems.values() if p.severity == "error"]
