@@ -90,8 +90,8 @@ def overview(op: str, record: OpRecord, arg_names: tuple[str, ...], ident: Devic
             "workloads": workloads}
 
 
-def print_overview(data: dict[str, Any], record: OpRecord) -> None:
-    """The text form of :func:`overview`, a line per fact, an indented block per axis and workload."""
+def print_overview(data: dict[str, Any], record: OpRecord, device: str) -> None:
+    """The text form of :func:`overview` on ``device``, a line per fact, an indented block per axis and workload."""
     click.echo(f"op:        {data['op']}")
     if data["description"]:
         click.echo(f"about:     {data['description']}")
@@ -109,11 +109,10 @@ def print_overview(data: dict[str, Any], record: OpRecord) -> None:
             for line in rest:
                 click.echo(f"  {'':<{width}}  {line}")
     workloads = data["workloads"]
-    device = data["device"]["name"]
     if isinstance(workloads, str):
         click.echo(f"workloads: {workloads}")
         return
-    click.echo(f"workloads: {len(workloads)} on {device} (what `flyreg tune {data['op']}` tunes)")
+    click.echo(f"workloads: {len(workloads)} on {device} (what `flyreg tune {data['op']}` tunes there)")
     for spec in workloads:
         click.echo(f"  {spec_str(spec)}")
 
@@ -135,4 +134,4 @@ def show_op(op: str, device: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        print_overview(data, plugin.record)
+        print_overview(data, plugin.record, device)
