@@ -47,7 +47,7 @@ def test_remeasure_classifies_each_artifact_and_costs_each_fallback(shipped: tup
         64: ("offline", "keep"), 128: ("offline", "retune"),
         256: ("offline-other-device", "stale-but-fine"), 512: ("offline-other-toolchain", "stale-but-fine")}
     for n in (64, 256, 512):  # the 1 ms nap: the fastest, well ahead of the 6 ms default
-        assert rows[n]["served"]["config"]["kwargs"] == {"NAP": 1} and rows[n]["vs_default"] > 2
+        assert rows[n]["served"]["config"]["kwargs"] == {"NAP": 1} and rows[n]["vs_default"] > 1.5
         assert rows[n]["fastest"]["config"] == rows[n]["served"]["config"] and rows[n]["slower_than_fastest"] == 0
     slow = rows[128]
     assert slow["fastest"]["config"]["kwargs"] == {"NAP": 1} and slow["slower_than_fastest"] > 1
