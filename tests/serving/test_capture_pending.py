@@ -96,17 +96,33 @@ def test_a_miss_in_capture_serves_the_default_and_is_tuned_after_it(capture: Cal
     assert (res.source, res.origin, res.config) == ("memory", "search", winner)
 
 
-def test_a_resolved_key_or_an_exact_cache_hit_is_not_pending(capture: Callable[[bool], None]) -> None:
+@pytest.mark.parametrize("forced", [False, True])
+def test_an_exact_cache_hit_is_pending_only_where_it_would_have_been_searched(
+        capture: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch, forced: bool) -> None:
+    name = f"pend_hit_{forced}"
     launches: list[int] = []
-    tuner = double_op("pend_hit", launches)
     x = torch.randn(32, 4)
     out = torch.empty_like(x)
-    report = tuner.tune(x, out, emit=False)  # before capture: the scratch cache holds the key's winner
+    report = double_op(name, launches).tune(x, out, emit=False)  # before capture: the scratch cache holds it
+    if forced:
+        monkeypatch.setenv("FLYREG_AUTOTUNE", "1")  # outside capture, the key would be searched afresh
     capture(True)
-    fresh = double_op("pend_hit", launches)
+    fresh = double_op(name, launches)
     with pytest.warns(FlyregWarning, match="serving the cache config"):
         fresh(x, out)
-    assert mine("pend_hit") == [] and fresh.resolve(x, out).config == report.winner
+    assert fresh.resolve(x, out).config == report.winner
+    assert [k.served_by for k in mine(name)] == (["cache"] if forced else [])
+
+
+def test_a_cpu_call_never_asks_about_capture_where_cuda_was_never_initialized(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: pytest.fail("asked about capture"))
+    launches: list[int] = []
+    tuner = double_op("pend_never_asked", launches)
+    x = torch.randn(16, 4)
+    assert torch.equal(tuner(x, torch.empty_like(x)), x * 2)
+    assert mine("pend_never_asked") == []
 
 
 def test_a_miss_without_default_raises_stays_pending_and_is_tuned_after(capture: Callable[[bool], None]) -> None:
