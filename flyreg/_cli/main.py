@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             e.show()
         else:
             click.echo(f"flyreg: error: {e.format_message()}", err=True)
+        supervise.mark_done()  # a user error ends the command as it should
         sys.exit(e.exit_code)
     except BrokenPipeError:  # flyreg list | head
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -61,8 +61,8 @@ def run(argv: list[str], how: str, in_process: bool = False) -> int | None:
         started = _start(argv, how, broken, own)
         if started is None:
             return None
-        pid, marks_fd = started
-        code, interrupted, marks = _wait(pid, marks_fd)
+        pid, marks_fd, mask = started
+        code, interrupted, marks = _wait(pid, marks_fd, mask)
         if own:
             end_adopted()
         code = 128 - code if code < 0 else code
@@ -112,15 +112,16 @@ class _Marks:
         return self.open[-1] if self.open else None
 
 
-def _start(argv: list[str], how: str, broken: dict[str, str], own: bool) -> tuple[int, int] | None:
+def _start(argv: list[str], how: str, broken: dict[str, str], own: bool) -> tuple[int, int, set[int]] | None:
     """Start the child: a fresh ``python -m flyreg`` ("exec") or a fork of this process; (its pid, the read end
-    of its marks) here, None in a forked child. Signals are blocked here from then on (:func:`_wait`)."""
+    of its marks, the signal mask to restore) here, None in a forked child. Signals are blocked here from
+    then on (:func:`_wait`)."""
     read_end, write_end = os.pipe()
     env = {DONE_FD: str(write_end), BROKEN_OPS: json.dumps(broken), **({PARENT: str(os.getpid())} if own else {})}
     if how == "exec":
         proc = subprocess.Popen([sys.executable, "-m", "flyreg", *argv], pass_fds=(write_end,),
                                 env={**os.environ, **env})
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         pid = proc.pid
         proc.returncode = 0  # waited for by _wait, not by the Popen object
     else:
@@ -136,10 +137,10 @@ def _start(argv: list[str], how: str, broken: dict[str, str], own: bool) -> tupl
             return None
     os.close(write_end)
     os.set_blocking(read_end, False)
-    return pid, read_end
+    return pid, read_end, previous
 
 
-def _wait(pid: int, marks_fd: int) -> tuple[int, bool, _Marks]:
+def _wait(pid: int, marks_fd: int, mask: set[int]) -> tuple[int, bool, _Marks]:
     """The child's exit status (negative: the signal that ended it), whether this process was asked to stop,
     and the child's marks. SIGINT and SIGTERM that ``kill()`` sent here are passed on to the child."""
     marks, interrupted = _Marks(), False
@@ -159,7 +160,7 @@ def _wait(pid: int, marks_fd: int) -> tuple[int, bool, _Marks]:
     finally:
         while signal.sigtimedwait(_SIGNALS - {signal.SIGCHLD}, 0) is not None:
             interrupted = True  # taken here: it must not reach this process once unblocked
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(marks_fd)
 
 

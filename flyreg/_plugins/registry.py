@@ -180,6 +180,9 @@ class Registry:
                     entry.loaded = True
                     entry.error = (f"load timed out: importing or describing the plugin took longer than "
                                    f"{limit:g} s (FLYREG_PLUGIN_TIMEOUT)")
+            mark = self._mark_load
+            if mark is not None:  # given up on: whatever ends the process later is not this load
+                mark(entry.name, False)
 
     def _load_now(self, entry: _Entry, done: threading.Event) -> None:
         plugin, error = None, None

@@ -52,6 +52,20 @@ class IsolatedEvaluator(Evaluator):
 
     def _warm(self, ready: list[tuple[Config, Any]]) -> None:
         self._warm_next = bool(ready)
+        if ready and self.bench.limits.slowest is None:
+            self._calibrate()
+
+    def _calibrate(self) -> None:
+        """Before a worker has finished any config, check the fastest config read from the journal (a contender,
+        checked again here anyway): the time limit then adapts to a finished config before a failure retried
+        by ``--force`` (a hang, say) runs, instead of leaving it the start-up allowance."""
+        unchecked = sorted((c for c in self.timed if c not in self.checked), key=lambda c: self.timed[c].median)
+        if unchecked:
+            first = unchecked[0]
+            passed = self._check([first])
+            self.checked.update(passed)
+            if first not in passed:
+                del self.timed[first]
 
     def _check(self, configs: list[Config]) -> set[Config]:
         passed = set()

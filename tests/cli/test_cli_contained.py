@@ -209,7 +209,7 @@ def test_force_checks_journaled_configs_again_and_retries_failures(escaping: Fly
     assert json.loads(artifact.read_text())["config"]["kwargs"] == {"K": 2, "MODE": "ok"}
     assert str(journal_errors(escaping)["ok1"]).startswith("rejected: ")
     assert "results read from the tuning journal" in again.stdout  # the other timings were reused
-    healed = escaping.run(*command)  # a failure in the journal is tried again with --force
+    healed = escaping.run(*command)  # --force tries a failure in the journal again (and reuses the timings)
     assert healed.returncode == 0, healed.stdout + healed.stderr
     assert json.loads(artifact.read_text())["config"]["kwargs"] == {"K": 1, "MODE": "ok"}
 

@@ -4,6 +4,7 @@ and a wrong one are each recorded with their reason, and the tune still picks th
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import time
@@ -106,6 +107,19 @@ def journal_errors(run: Flyreg) -> dict[str, str | None]:
     return out
 
 
+def timed_out(why: object, floor: float) -> bool:
+    """Whether ``why`` says its config ran past a time limit of at least ``floor`` s (the worker replaced): the
+    limit adapts to the slowest config, so on a loaded machine it is more than the floor."""
+    found = re.search(r"timed out after ([\d.e+]+) s \(worker replaced\)", str(why))
+    return found is not None and float(found.group(1)) >= floor
+
+
+def summary_line(out: str, config: str) -> str:
+    """The summary's line that reports ``config``'s failure (``K=1 MODE=hang``)."""
+    (line,) = [line for line in out.splitlines() if line.startswith(f"  fragile n=64: {config}: ")]
+    return line
+
+
 def tune(run: Flyreg, *extra: str) -> str:
     proc = run.popen("tune", "fragile", "--spec", "n=64", "--device", "cpu", "--isolate", *extra)
     out, err = proc.communicate(timeout=400)
@@ -122,7 +136,7 @@ def test_crashes_hangs_and_wrong_results_fail_alone_and_the_best_config_wins(tmp
     assert set(errors) == {"ok1", "ok2", "ok3", "ok4", "ok5", "abort1", "hang1", "bad_build1", "wrong1"}
     assert all(errors[f"ok{k}"] is None for k in range(1, 6))
     assert "the worker died (killed by SIGABRT)" in str(errors["abort1"])
-    assert "timed out after 3 s" in str(errors["hang1"])
+    assert timed_out(errors["hang1"], 3)
     assert "the worker died (killed by SIGABRT)" in str(errors["bad_build1"])
     assert str(errors["wrong1"]).startswith("rejected: output")
 
@@ -130,10 +144,10 @@ def test_crashes_hangs_and_wrong_results_fail_alone_and_the_best_config_wins(tmp
     assert row[0] == "fragile" and row[2] == "K=1 MODE=ok" and row[-1] == "written"
     assert row[-3:-1] == ["9", "4"]  # tried; failed or rejected
     for line in ("K=1 MODE=abort: the worker died (killed by SIGABRT); worker replaced",
-                 "K=1 MODE=hang: timed out after 3 s (worker replaced)",
                  "K=1 MODE=bad_build: the worker died (killed by SIGABRT); worker replaced",
                  "K=1 MODE=wrong: rejected: output"):
         assert f"  fragile n=64: {line}" in out
+    assert timed_out(summary_line(out, "K=1 MODE=hang"), 3)
     (artifact,) = artifacts(run.dirs["configs"], "fragile").values()
     assert json.loads(artifact.read_text())["config"]["kwargs"] == {"K": 1, "MODE": "ok"}
 
@@ -146,15 +160,19 @@ def test_crashes_hangs_and_wrong_results_fail_alone_and_the_best_config_wins(tmp
 def test_a_hanging_build_fails_alone_and_the_journal_keeps_every_failure(tmp_path: Path) -> None:
     run, log = fragile_env(tmp_path, "hang")
     out = tune(run)
-    assert "timed out after 3 s" in str(journal_errors(run)["bad_build1"])
+    assert timed_out(journal_errors(run)["bad_build1"], 3)
     assert table_rows(out)[0][2] == "K=1 MODE=ok"
     launched = log.read_text()
 
-    again = tune(run, "--force")  # the same search again: all of it is in the journal
+    again = tune(run, "--out", str(tmp_path / "elsewhere"))  # the same search again: all of it is in the journal
     assert "(5 results read from the tuning journal)" in again
-    assert log.read_text() == launched  # nothing launched again, not even the configs that crashed or hung
+    relaunched = log.read_text()[len(launched):]
+    # Not one config that crashed or hung runs again; the contenders (the default, the fastest) are checked
+    # against the reference again, once each, before one is written.
+    assert {line.split()[0] for line in relaunched.splitlines()} == {"ok"} and len(relaunched.splitlines()) <= 2
     (row,) = table_rows(again)
     assert row[2] == "K=1 MODE=ok" and row[-3:-1] == ["9", "4"]
+
 
 
 def _running(pid: int) -> bool:
