@@ -12,7 +12,8 @@ activation, GEMM 2 with the routing weight, and the top-k sum (``moe_combine_top
 would call its CUDA extension, which the wheel does not hold, the stand-in is named in :attr:`Incumbent.notes`:
 
 * alignment: the wheel's single-launch Triton kernel (``moe_align_small_numel``) where the pairs number at
-  most its ``SMALL_NUMEL_LIMIT`` (64); above that, the CUDA kernel's result is computed before timing
+  most its ``SMALL_NUMEL_LIMIT`` (64; SGLang itself takes it there above 63 experts, and its CUDA
+  single-block kernel, also one launch, at fewer); above that, the CUDA kernel's result is computed before timing
   (in torch, outside the graph), so those cells leave the incumbent's alignment out, which favours it;
 * activation: the wheel's Triton ``act_and_mul_triton`` for SGLang's CUDA ``silu_and_mul``;
 * top-k sum: ``torch.add`` for top-2, the wheel's ``moe_sum_reduce_triton`` otherwise (SGLang's own
@@ -59,8 +60,15 @@ def _unavailable(name: str) -> Any:
 
 def _align_stand_in(topk_ids: torch.Tensor, buckets: int, block_size: int, sorted_ids: torch.Tensor,
                     expert_ids: torch.Tensor, post_pad: torch.Tensor, cumsum: torch.Tensor, *_: Any) -> None:
-    """What SGLang's CUDA alignment writes (its "+1 offset" buckets: expert e in bucket e + 1), in torch, eagerly:
-    pairs in bucket order, each bucket padded to ``block_size`` with the pair count, each block's expert."""
+    """What SGLang's CUDA alignment writes (its "+1 offset" buckets: expert e in bucket e + 1): up to
+    ``SMALL_NUMEL_LIMIT`` pairs by the wheel's single-launch Triton kernel (its buffer contract is the CUDA
+    kernel's), else in torch, eagerly: pairs in bucket order, each bucket padded to ``block_size`` with the
+    pair count, each block's expert."""
+    from sglang.kernels.ops.moe.moe_align_small_numel import SMALL_NUMEL_LIMIT, moe_align_small_numel
+
+    if topk_ids.numel() <= SMALL_NUMEL_LIMIT:
+        moe_align_small_numel(topk_ids, buckets, block_size, sorted_ids, expert_ids, post_pad)
+        return
     bucket = topk_ids.view(-1).long() + 1
     numel = bucket.numel()
     counts = torch.bincount(bucket, minlength=buckets)

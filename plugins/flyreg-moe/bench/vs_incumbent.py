@@ -49,8 +49,10 @@ from . import incumbent as inc
 #: Device time one graph replay holds at least.
 REPLAY_MS = 2.0
 #: Decode-path tiles timed with --menu: (BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages).
-MENU = ((32, 16, 256, 4, 4), (16, 16, 256, 4, 4), (64, 16, 256, 4, 4), (32, 32, 256, 4, 4), (32, 16, 128, 4, 4),
-        (32, 16, 128, 4, 5), (16, 16, 512, 4, 3), (32, 16, 256, 8, 3), (64, 32, 128, 4, 4), (128, 64, 128, 4, 3))
+#: Those outside the spec's space are skipped.
+MENU = ((32, 16, 256, 4, 4), (16, 16, 256, 4, 4), (64, 16, 256, 4, 3), (32, 32, 256, 4, 4), (32, 16, 128, 4, 4),
+        (32, 16, 128, 4, 5), (16, 16, 256, 4, 5), (16, 16, 128, 4, 4), (64, 32, 128, 4, 4), (128, 64, 128, 4, 2),
+        (64, 16, 64, 4, 5), (32, 16, 64, 4, 5))
 
 
 def routed(M: int, E: int, K: int, topk: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -102,11 +104,12 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
     served = flyreg.resolve_spec("fused_moe", spec, "cuda")
     configs: dict[str, Config] = {"default": space.triton_default(spec)}
     if menu and M <= space.DECODE_ROWS:
-        bm = space.decode_block_m(M)
+        bm, offered = space.decode_block_m(M), space.decode_configs(spec)
         for bn, bnd, bk, warps, stages in MENU:
-            configs[f"menu {bn}/{bnd}/{bk}/{warps}w/{stages}s"] = Config(
-                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
-                 "DECODE": True}, num_warps=warps, num_stages=stages)
+            cfg = Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1,
+                          "BLOCK_N_DOWN": bnd, "DECODE": True}, num_warps=warps, num_stages=stages)
+            if cfg in offered:
+                configs[f"menu {bn}/{bnd}/{bk}/{warps}w/{stages}s"] = cfg
     op = flyreg.op("fused_moe")
     runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
     for key, cfg in configs.items():
