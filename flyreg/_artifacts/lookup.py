@@ -10,12 +10,13 @@ from pathlib import Path
 
 import attrs
 
-from flyreg._artifacts.names import artifact_filename, canonical_spec, lookup_key, name_part, spec_text
+from flyreg._artifacts.names import artifact_filename, lookup_key
 from flyreg._artifacts.store import Artifact, forget_listings, listing, lookup_dirs
 from flyreg._artifacts.usable import Accepts, config_problem, read, rejection
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity, known_arch
+from flyreg._core.spec import canonical_spec, name_part, spec_text
 
 #: The artifact sources of the fallback chain, each its own :attr:`Resolution.source <flyreg.Resolution>`:
 #: the exact artifact (this spec, this product, this toolchain), then what lookup serves without one.

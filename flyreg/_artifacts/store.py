@@ -17,12 +17,13 @@ from typing import Any
 import attrs
 import platformdirs
 
-from flyreg._artifacts.names import ParsedName, artifact_filename, canonical_spec, parse_filename
+from flyreg._artifacts.names import ParsedName, artifact_filename, parse_filename
 from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.decision import Decision
 from flyreg._core.fileio import UnreadableFile, read_bounded, warn_once, write_json_atomic
 from flyreg._core.keys import DeviceIdentity
+from flyreg._core.spec import canonical_spec
 from flyreg._core.toolchain import Staleness, fingerprint, staleness
 from flyreg._version import __version__
 

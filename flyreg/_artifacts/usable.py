@@ -19,10 +19,11 @@ from pathlib import Path
 
 import attrs
 
-from flyreg._artifacts.names import name_part, parse_filename
+from flyreg._artifacts.names import parse_filename
 from flyreg._artifacts.store import Artifact, ArtifactError, load_artifact
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import SpecError
+from flyreg._core.spec import name_part, spec_line
 
 #: ``accepts(config, spec)``: why the op would not take ``config`` for ``spec``, or None; may raise.
 Accepts = Callable[[Config, dict[str, JSONScalar]], "str | None"]
@@ -102,8 +103,3 @@ def judge(path: Path, accepts: Accepts | None) -> Judged:
     if judged.problem is not None or art is None or accepts is None:
         return judged
     return Judged(path, art, rejection(art, accepts))
-
-
-def spec_line(spec: Mapping[str, JSONScalar]) -> str:
-    """``N=2048,dtype=float32``: a spec in one line, as problems name it."""
-    return ",".join(f"{k}={v}" for k, v in spec.items())

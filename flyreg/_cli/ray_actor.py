@@ -20,12 +20,12 @@ from typing import Any
 
 import attrs
 
-from flyreg._artifacts.names import spec_text
 from flyreg._core.config import Config
 from flyreg._core.fileio import process_gone
 from flyreg._core.keys import DeviceIdentity, identity_of
 from flyreg._core.results import TuneReport
 from flyreg._core.settings import set_cache_dir
+from flyreg._core.spec import spec_text
 from flyreg._core.toolchain import fingerprint
 from flyreg._search import journal
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 
-from flyreg._artifacts.names import spec_text
 from flyreg._cli.ray_actor import JobResult
 from flyreg._cli.ray_pool import Stream, Ticket, Worker
 from flyreg._cli.plan import Job, plan_jobs, skip_reason
@@ -23,7 +22,8 @@ from flyreg._cli.text import make_console, one_line, spec_str
 from flyreg._cli.tune_jobs import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, finish, sigterm_as_interrupt
 from flyreg._cli.tune_output import print_plan, progress_bar, summary
 from flyreg._core.fileio import warn_once
-from flyreg._core.keys import DeviceIdentity, sanitize
+from flyreg._core.keys import DeviceIdentity
+from flyreg._core.spec import sanitize, spec_text
 from flyreg._search import journal
 
 

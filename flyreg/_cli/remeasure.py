@@ -19,10 +19,10 @@ from typing import Any
 import attrs
 import click
 
-from flyreg._artifacts.names import spec_text
 from flyreg._artifacts.usable import read
 from flyreg._cli.text import config_str, escape, make_console, one_line, spec_str
 from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._core.spec import spec_text
 
 #: How many configs of the nearest artifacts each spec is timed against, besides the default.
 NEIGHBOURS = 3
@@ -71,7 +71,7 @@ def targets_of(dirs: Sequence[Path], ident: DeviceIdentity, op_names: Sequence[s
 
 def workload_targets(op_names: Sequence[str], device: str, have: list[Target]) -> list[Target]:
     """The workloads of each op (checked) that ``have`` does not hold already."""
-    from flyreg._artifacts.names import canonical_spec
+    from flyreg._core.spec import canonical_spec
     from flyreg._plugins.registry import REGISTRY
 
     seen = {(t.op, spec_text(t.spec)) for t in have}

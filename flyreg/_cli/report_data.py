@@ -22,6 +22,7 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.decision import Band, Decision
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.peaks import Peak, known_peak
+from flyreg._core.spec import spec_text
 from flyreg._plugins.work import Work
 from flyreg._search import journal
 from flyreg._search.journal import Measurement
@@ -176,7 +177,7 @@ def span(times: Iterable[float]) -> float:
 
 
 def _key(m: Measurement) -> tuple[str, str, str]:
-    return (m.op, json.dumps(m.device, sort_keys=True), json.dumps(m.spec, sort_keys=True))
+    return (m.op, json.dumps(m.device, sort_keys=True), spec_text(m.spec))
 
 
 def _band(m: Measurement) -> Band:

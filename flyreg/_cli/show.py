@@ -121,7 +121,7 @@ def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> N
 
 def rounded(given: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     """The values of ``given`` (what the user wrote) that its checked ``spec`` holds otherwise (a bucket)."""
-    from flyreg._artifacts.names import canonical_value
+    from flyreg._core.spec import canonical_value
 
     return {k: v for k, v in given.items()
             if k in spec and json.dumps(canonical_value(v)) != json.dumps(canonical_value(spec[k]))}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from flyreg._core.config import Config
+from flyreg._core.spec import spec_arg
 
 
 def one_line(e: BaseException, typed: bool = True) -> str:
@@ -33,21 +33,8 @@ def config_str(config: Config) -> str:
     return " ".join(f"{k}={v}" for k, v in (*config.knobs, *config.hint_items)) or "(no knobs)"
 
 
-def spec_str(spec: dict[str, Any]) -> str:
-    """``{"N": 4096, "dtype": "bfloat16"}`` -> ``N=4096,dtype=bfloat16``: what ``--spec`` takes back.
-
-    Values are written as JSON, except strings that read back as themselves (``"8192"`` is quoted).
-    """
-    return ",".join(f"{k}={v if isinstance(v, str) and not _reads_as_json(v) else json.dumps(v)}"
-                    for k, v in sorted(spec.items()))
-
-
-def _reads_as_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
+#: A spec as ``--spec`` takes it back (``N=4096,dtype=bfloat16``).
+spec_str = spec_arg
 
 
 def ms_text(ms: float) -> str:

@@ -1,4 +1,7 @@
-"""Cache-key axes: tensor layouts, device identity, the toolchain the spec depends on, environment."""
+"""Cache-key axes: tensor layouts, device identity, the toolchain the spec depends on, environment.
+
+A spec itself is checked, keyed and named by :mod:`flyreg._core.spec`.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +15,9 @@ from typing import Any
 
 import attrs
 
-from flyreg._core.config import JSONScalar, check_scalar
+from flyreg._core.config import JSONScalar
+from flyreg._core.spec import sanitize
 from flyreg._core.toolchain import current
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @attrs.frozen
@@ -51,11 +53,6 @@ def known_arch(name: str) -> str | None:
         return None
     (arch,) = archs
     return arch if arch.startswith(prefix) else None
-
-
-def sanitize(text: str) -> str:
-    """Map ``text`` to ASCII letters, digits and ``._-`` (runs of anything else become ``_``)."""
-    return _UNSAFE.sub("_", text).strip("_") or "_"
 
 
 def stride_pattern(shape: Iterable[int], strides: Iterable[int]) -> tuple[int, ...]:
@@ -150,22 +147,6 @@ def env_values(names: Iterable[str]) -> tuple[tuple[str, str | None], ...]:
 class SpecError(ValueError):
     """A spec that does not fit its op's declared axes; the one-line message names the op, every
     offending axis, and the axes and values the op allows."""
-
-
-def normalize_spec(spec: object, what: str = "spec") -> dict[str, JSONScalar]:
-    """Check ``spec`` is a mapping of str -> JSON scalar and return it as it reads back from JSON.
-
-    Tuples become lists in JSON, so non-scalar values are rejected here rather than left to
-    collide later; ints that are floats stay distinct as JSON keeps them.
-    """
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"{what} must be a dict of axis -> JSON scalar, got {type(spec).__name__}")
-    out: dict[str, JSONScalar] = {}
-    for k, v in spec.items():
-        if not isinstance(k, str) or not k:
-            raise TypeError(f"{what} axis names must be non-empty strings, got {k!r}")
-        out[k] = check_scalar(v, f"{what}[{k!r}]")
-    return json.loads(json.dumps(out, sort_keys=True))
 
 
 def tensor_axes(named: Iterable[tuple[str, Any]]) -> list[list[Any]]:

@@ -17,10 +17,10 @@ from typing import Any
 
 import attrs
 
-from flyreg._artifacts.names import canonical_value
 from flyreg._core.config import JSONScalar
 from flyreg._core.keys import SpecError
 from flyreg._core.search_terms import STRATEGIES, TIMINGS
+from flyreg._core.spec import canonical_value
 from flyreg._plugins.schema import Schema, SchemaError, mark_mutated, parse_schema
 
 #: The types an axis may have.

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from flyreg._artifacts.names import canonical_spec, spec_text
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
 from flyreg._core.results import CallKey, TunerStats
+from flyreg._core.spec import canonical_spec, spec_text
 from flyreg._plugins import registry
 from flyreg._runtime.tuner import Autotuner, call_of
 from flyreg._search.candidates import Measured

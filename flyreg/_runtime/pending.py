@@ -25,6 +25,7 @@ import attrs
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.results import Resolution, TuneError, TuneReport
+from flyreg._core.spec import spec_key
 
 #: Most keys kept pending at once; past it the oldest is dropped, with one warning.
 MAX_PENDING = 1024
@@ -132,13 +133,9 @@ def _tune(tuner: Any, entry: _Entry, emit: bool, out_dir: Any) -> TuneReport:
     else:
         args, kwargs = tuner.make_inputs(dict(entry.key.spec), str(entry.device))
     report: TuneReport = tuner.tune(*args, emit=emit, out_dir=out_dir, **kwargs)
-    if _spec_text(report.spec) != _spec_text(entry.key.spec):
+    if spec_key(report.spec) != spec_key(entry.key.spec):
         raise TuneError(f"{tuner.name}: the inputs made for spec {entry.key.spec} have spec {report.spec}; "
                         f"its key stays pending")
     res = Resolution(report.winner, "search", report.spec, "search", path=report.artifact)
     tuner.memory.record(entry.pkey, entry.key.spec, entry.key.device, res)  # the captured key's own layout too
     return report
-
-
-def _spec_text(spec: dict[str, Any]) -> str:
-    return repr(sorted(spec.items()))

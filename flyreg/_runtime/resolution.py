@@ -23,13 +23,13 @@ from flyreg._artifacts.usable import config_problem
 from flyreg._core import settings
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
-from flyreg._core.keys import (DeviceIdentity, cache_key, cache_key_prefix, env_values, identity_of,
-                               normalize_spec)
+from flyreg._core.keys import DeviceIdentity, cache_key, cache_key_prefix, env_values, identity_of
 from flyreg._core.results import GraphCaptureError, Resolution, TuneError
 from flyreg._core.search_terms import Call
+from flyreg._core.spec import normalize_spec, spec_key
 from flyreg._runtime import pending
 from flyreg._runtime.searching import search
-from flyreg._runtime.state import TunerState, spec_key
+from flyreg._runtime.state import TunerState
 
 Spec = dict[str, JSONScalar]
 

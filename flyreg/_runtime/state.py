@@ -11,6 +11,7 @@ from flyreg._core.keys import DeviceIdentity
 from flyreg._core.launch import Launcher
 from flyreg._core.results import Resolution, TuneReport, TunerStats
 from flyreg._core.search_terms import SearchSettings
+from flyreg._core.spec import spec_key
 from flyreg._runtime.builds import BuildCache
 from flyreg._runtime.space import ConfigSpace
 
@@ -53,8 +54,3 @@ class TunerState(Protocol):
     reports: dict[str, TuneReport]
 
     def bind(self, config: Config, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher: ...
-
-
-def spec_key(spec: Spec) -> str:
-    """``spec`` as a key of the in-memory tables (types kept: ``1`` and ``True`` differ)."""
-    return repr(sorted(spec.items()))

@@ -17,10 +17,11 @@ import torch
 
 from flyreg._artifacts.lookup import OfflineStore
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.keys import cache_key, env_values, identity_of, normalize_spec, tensor_axes
+from flyreg._core.keys import cache_key, env_values, identity_of, tensor_axes
 from flyreg._core.launch import Launcher, bind_launcher, named_args
 from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
 from flyreg._core.search_terms import Call, SearchSettings, names_of
+from flyreg._core.spec import normalize_spec
 from flyreg._runtime import record, resolution
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
 from flyreg._runtime.resolution import Request, autotune_forced, capturing
