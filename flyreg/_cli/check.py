@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from flyreg._cli.common import device_option, user_errors
+from flyreg._cli.common import device_option, spec_values, user_errors
 
 
 @click.command()
@@ -22,6 +23,8 @@ from flyreg._cli.common import device_option, user_errors
                    "nearest artifacts' configs, here, and say which to keep, which are stale but fine and which "
                    "to re-tune.")
 @click.option("--op", "op_names", multiple=True, metavar="OP", help="With --remeasure: only this op (repeatable).")
+@click.option("--where", "where", multiple=True, callback=spec_values, metavar="AXIS=V,...",
+              help="With --remeasure: only the specs with these axis values (repeatable: any of them).")
 @click.option("--margin", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               metavar="PERCENT", help="With --remeasure: how much slower than the fastest config measured "
                                       "(separably) an artifact may be before it is re-tuned.")
@@ -36,8 +39,8 @@ from flyreg._cli.common import device_option, user_errors
 @device_option("With --remeasure: device to time on")
 @user_errors
 def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: Path | None, remeasure: bool,
-          op_names: tuple[str, ...], margin: float, report_path: Path, workloads: bool, retune: bool,
-          out: Path | None, device: str | None) -> None:
+          op_names: tuple[str, ...], where: list[dict[str, Any]], margin: float, report_path: Path, workloads: bool,
+          retune: bool, out: Path | None, device: str | None) -> None:
     """Validate offline artifacts in DIRs (default: every lookup directory that exists).
 
     Judges each *.json by the rule lookup uses: well-formed, named by its content, a known op, a
@@ -48,7 +51,8 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
     recorded spec has no current artifact for its device in DIRs (default: the lookup directories).
     With --remeasure, exits 1 if an artifact should be re-tuned (with --retune: if that tune fails).
     """
-    extra = [name for name, on in (("--op", op_names), ("--workloads", workloads), ("--retune", retune),
+    extra = [name for name, on in (("--op", op_names), ("--where", where), ("--workloads", workloads),
+                                   ("--retune", retune),
                                    ("--out", out is not None), ("--device", device is not None)) if on]
     if extra and not remeasure:
         raise click.UsageError(f"{extra[0]} needs --remeasure")
@@ -77,8 +81,8 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
             plugin_dirs.append(rec.config_dir)
     targets = list(dirs) or [d for d in lookup_dirs(plugin_dirs) if _present(d)]
     if remeasure:
-        _remeasure(targets, list(dict.fromkeys(op_names)), device, known, margin / 100, report_path, workloads,
-                   retune, out)
+        _remeasure(targets, list(dict.fromkeys(op_names)), where, device, known, margin / 100, report_path,
+                   workloads, retune, out)
         return
     report = check_report(targets, known, accepts=accepts, unavailable=unavailable)
     for line in summary(report, strict=strict, verbose=verbose):
@@ -87,15 +91,16 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
         sys.exit(1)
 
 
-def _remeasure(targets: list[Path], op_names: list[str], device: str | None, known: dict[str, str], margin: float,
-               report: Path, workloads: bool, retune: bool, out: Path | None) -> None:
+def _remeasure(targets: list[Path], op_names: list[str], where: list[dict[str, Any]], device: str | None,
+               known: dict[str, str], margin: float, report: Path, workloads: bool, retune: bool,
+               out: Path | None) -> None:
     from flyreg._cli.common import check_op_names, resolve_device
     from flyreg._cli.remeasure import retune as retune_set
     from flyreg._cli.remeasure import run_remeasure
 
     check_op_names(op_names)
     dev = resolve_device(device)
-    measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads)
+    measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads, where)
     if retune:
         sys.exit(retune_set(measured, dev, out))
     if any(t.row is not None and t.row["verdict"] == "retune" for t in measured):

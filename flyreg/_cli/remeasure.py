@@ -28,6 +28,7 @@ from flyreg._core.spec import spec_text
 NEIGHBOURS = 3
 #: How many ``flyreg tune`` commands of the retune set are printed (the report has every one).
 SHOWN = 10
+_NONE = object()  # stands for an axis a spec does not have: equal to no --where value
 
 
 @attrs.define
@@ -126,21 +127,26 @@ def measure(target: Target, dirs: Sequence[Path], device: str, margin: float) ->
 
 
 def run_remeasure(dirs: Sequence[Path], op_names: Sequence[str], device: str, known: dict[str, str],
-                  margin: float, report: Path, workloads: bool) -> list[Target]:
-    """Re-time every target, print the table and the fallback costs, write the JSON report; returns the targets."""
+                  margin: float, report: Path, workloads: bool, where: Sequence[dict[str, Any]] = ()) -> list[Target]:
+    """Re-time every target (those with the axis values of one of ``where``, when given), print a line per
+    spec as it is measured (on stderr), then the table and the fallback costs, and write the JSON report;
+    returns the targets."""
     from flyreg._core.fileio import write_json_atomic
 
     ident = identity_of(device)
     targets, passed = targets_of(dirs, ident, op_names, known)
     if workloads:
         targets += workload_targets(list(op_names) or sorted({t.op for t in targets} or known), device, targets)
-    targets.sort(key=_order)
+    targets = sorted((t for t in targets if not where or any(all(t.spec.get(k, _NONE) == v for k, v in w.items())
+                                                              for w in where)), key=_order)
     click.echo(f"remeasuring {len(targets)} spec(s) on {ident.name} ({ident.arch}) ...", err=True)
-    for target in targets:
+    for i, target in enumerate(targets, 1):
         try:
             measure(target, dirs, device, margin)
         except Exception as e:  # one spec's failure never stops the others
             target.error = one_line(e)
+        verdict = target.row["verdict"] if target.row is not None else f"not measured: {target.error}"
+        click.echo(f"[{i}/{len(targets)}] {target.op} {spec_str(target.spec)}: {verdict}", err=True)
     rows = [t.row for t in targets if t.row is not None]
     _table(ident, targets)
     lines = fallback_costs(rows)
@@ -203,8 +209,8 @@ def _table(ident: DeviceIdentity, targets: list[Target]) -> None:
         s, f = r["served"], r["fastest"]
         fastest = "(served)" if f is None or f["config"] == s["config"] else \
             f"{config_str(_config(f['config']))} ({'/'.join(f['roles'])})"
-        table.add_row(escape(r["op"]), escape(spec_str(r["spec"])), r["source"], escape(config_str(_config(s["config"]))),
-                      _ms(s["median_ms"]) if s["error"] is None else "failed",
+        table.add_row(escape(r["op"]), escape(spec_str(r["spec"])), r["source"],
+                      escape(config_str(_config(s["config"]))), _ms(s["median_ms"]) if s["error"] is None else "failed",
                       f"{r['vs_default']:.2f}x" if r["vs_default"] is not None else "-", escape(fastest),
                       f"{r['slower_than_fastest']:+.1%}" if r["slower_than_fastest"] is not None else "-",
                       r["verdict"])

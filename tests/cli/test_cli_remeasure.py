@@ -57,6 +57,9 @@ def test_remeasure_classifies_each_artifact_and_costs_each_fallback(shipped: tup
     assert json.loads(report_path.read_text())["retune"] == [
         {"op": "toynap", "spec": {"n": 128}, "command": "flyreg tune toynap --spec n=128"}]
 
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert progress == ["[1/4] toynap n=64: keep", "[2/4] toynap n=128: retune", "[3/4] toynap n=256: stale-but-fine",
+                        "[4/4] toynap n=512: stale-but-fine"]
     table = {row[1]: row for row in table_rows(proc.stdout)}
     assert {spec: row[-1] for spec, row in table.items()} == {
         "n=64": "keep", "n=128": "retune", "n=256": "stale-but-fine", "n=512": "stale-but-fine"}
@@ -70,9 +73,10 @@ def test_remeasure_classifies_each_artifact_and_costs_each_fallback(shipped: tup
 def test_retune_tunes_the_retune_set_alone_and_it_is_then_kept(shipped: tuple[Flyreg, Path]) -> None:
     cmd, directory = shipped
     out = cmd.root / "retuned"
-    proc = cmd.run("check", "--remeasure", str(directory), "--op", "toynap", "--device", "cpu", "--retune",
-                   "--out", str(out), "--report", str(cmd.root / "first.json"))
+    proc = cmd.run("check", "--remeasure", str(directory), "--op", "toynap", "--where", "n=128", "--where", "n=99",
+                   "--device", "cpu", "--retune", "--out", str(out), "--report", str(cmd.root / "first.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[1/1] toynap n=128: retune" in proc.stderr.splitlines()  # --where: that spec alone
     (written,) = out.glob("*.json")
     data = json.loads(written.read_text(encoding="utf-8"))
     assert (data["spec"], data["config"]["kwargs"]) == ({"n": 128}, {"NAP": 1})
@@ -85,5 +89,6 @@ def test_retune_tunes_the_retune_set_alone_and_it_is_then_kept(shipped: tuple[Fl
 def test_remeasure_options_need_it(shipped: tuple[Flyreg, Path]) -> None:
     cmd, directory = shipped
     for argv, what in ((["--op", "toynap"], "--op needs --remeasure"), (["--retune"], "--retune needs --remeasure"),
+                       (["--where", "n=1"], "--where needs --remeasure"),
                        (["--remeasure", "--out", "x"], "--out needs --retune")):
         assert what in one_line_error(cmd.run("check", str(directory), *argv), 2)
