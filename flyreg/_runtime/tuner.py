@@ -45,7 +45,8 @@ class Autotuner:
     re-writes its results. The steady-state call builds a key, looks it up and launches; while
     recording (``FLYREG_RECORD``, :func:`flyreg.record`) it also counts the call (:mod:`flyreg._runtime.record`).
     A new key met while a CUDA graph is being captured gets cache -> offline -> default and a
-    one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``).
+    one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``); where that is no config
+    tuned for it, the key is kept pending for :func:`flyreg.tune_pending` to tune after capture.
 
     ``emit=True`` makes every new key either a hit on an artifact tuned for exactly its spec,
     on this device product, current for what its backend depends on (the one lookup serves
