@@ -1,6 +1,8 @@
 """flyreg: a plugin registry and autotuner for GPU kernels.
 
-The public API is listed in ``__all__``; modules load on first use so ``import flyreg`` stays light.
+``__all__`` is what an application uses: the ops, resolving and tuning them, its own tuners, the
+results and errors. A kernel plugin imports what it is written with from :mod:`flyreg.plugin`.
+Modules load on first use so ``import flyreg`` stays light.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ _EXPORTS = {
     "BenchResult": "_core.results",
     "DeviceIdentity": "_core.keys",
     "FlyregWarning": "_core.fileio",
-    "hookimpl": "_plugins.hookspecs",
-    "hookspec": "_plugins.hookspecs",
     "check_artifacts": "_artifacts.validate",
     "accepts": "_plugins.registry",
     "op": "_plugins.registry",
@@ -39,18 +39,24 @@ _EXPORTS = {
     "PluginError": "_plugins.manager",
     "HookError": "_plugins.manager",
     "SpecError": "_core.keys",
-    "OpRecord": "_plugins.record",
-    "Axis": "_plugins.record",
     "record": "_runtime.record",
     "pending": "_runtime.pending",
     "tune_pending": "_runtime.pending",
+}
+
+#: A plugin's names, which :mod:`flyreg.plugin` exports; still found here for plugins written before it.
+_PLUGIN_NAMES = {
+    "hookimpl": "_plugins.hookspecs",
+    "hookspec": "_plugins.hookspecs",
+    "OpRecord": "_plugins.record",
+    "Axis": "_plugins.record",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _EXPORTS.get(name) or _PLUGIN_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'flyreg' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)

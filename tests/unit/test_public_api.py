@@ -99,3 +99,55 @@ P, U = "flyreg.", "_"  # so this file itself names no internal module
 ])
 def test_the_check_tells_internal_names_from_public_ones(text: str, internal: bool) -> None:
     assert bool(INTERNAL.search(text)) is internal
+
+
+# -- flyreg.__all__ is for applications, flyreg.plugin for plugin authors -------------------------------------
+#: The names a plugin is written with that an application never needs.
+AUTHORING = ("hookimpl", "hookspec", "OpRecord", "Axis")
+
+
+@pytest.mark.parametrize("name", AUTHORING)
+def test_an_authoring_name_is_in_flyreg_plugin_not_in_the_application_api(name: str) -> None:
+    import flyreg.plugin
+
+    assert name not in flyreg.__all__ and name not in dir(flyreg)
+    assert name in flyreg.plugin.__all__
+    assert getattr(flyreg, name) is getattr(flyreg.plugin, name)  # still found for plugins written before
+
+
+def plugin_modules() -> list[Path]:
+    """The modules of the in-tree plugins' packages (not their tests or benchmarks)."""
+    return [p for p in python_files() if p.relative_to(ROOT).parts[0] == "plugins"
+            and p.relative_to(ROOT).parts[2].startswith("flyreg_")]
+
+
+def guide_blocks() -> list[str]:
+    """The Python code blocks of docs/plugin_authoring.md."""
+    guide = (ROOT / "docs" / "plugin_authoring.md").read_text(encoding="utf-8")
+    return re.findall(r"```py(?:thon)?\n(.*?)```", guide, flags=re.S)
+
+
+#: What a plugin may import of flyreg: the plugin API, and Triton's plumbing for a hand-written launch.
+AUTHOR_MODULES = {"flyreg.plugin", "flyreg.triton"}
+
+
+def flyreg_imports(source: str) -> list[str]:
+    """The flyreg modules ``source`` imports from, and ``flyreg.NAME`` attributes it uses, as written."""
+    found = re.findall(r"^\s*from\s+(flyreg(?:\.\w+)*)\s+import", source, flags=re.M)
+    found += re.findall(r"^\s*import\s+(flyreg(?:\.\w+)*)", source, flags=re.M)
+    return found + [f"flyreg.{n}" for n in re.findall(r"\bflyreg\.(\w+)\b", source) if n in AUTHORING]
+
+
+def test_plugins_and_the_guide_take_authoring_names_from_flyreg_plugin() -> None:
+    modules = plugin_modules()
+    assert len(modules) >= 4  # both in-tree plugins' packages were read
+    for path in modules:
+        bad = [m for m in flyreg_imports(path.read_text(encoding="utf-8")) if m not in AUTHOR_MODULES]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}; a plugin imports from flyreg.plugin"
+    blocks = guide_blocks()
+    assert blocks
+    used = [m for block in blocks for m in flyreg_imports(block) if m.removeprefix("flyreg.") in AUTHORING]
+    assert not used, f"docs/plugin_authoring.md writes {used}; authors import these from flyreg.plugin"
+    assert not re.search(r"from\s+flyreg\s+import\s+[^\n]*\b(?:" + "|".join(AUTHORING) + r")\b",
+                         "\n".join(blocks))
+    assert "`@flyreg.hookimpl`" not in (ROOT / "docs" / "plugin_authoring.md").read_text(encoding="utf-8")
