@@ -92,3 +92,14 @@ def test_remeasure_options_need_it(shipped: tuple[Flyreg, Path]) -> None:
                        (["--where", "n=1"], "--where needs --remeasure"),
                        (["--remeasure", "--out", "x"], "--out needs --retune")):
         assert what in one_line_error(cmd.run("check", str(directory), *argv), 2)
+
+
+def test_a_separably_faster_config_within_the_margin_is_stale_but_fine(shipped: tuple[Flyreg, Path]) -> None:
+    cmd, directory = shipped
+    report = cmd.root / "wide.json"
+    proc = cmd.run("check", "--remeasure", str(directory), "--where", "n=128", "--margin", "100000", "--device", "cpu",
+                   "--report", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # nothing to re-tune
+    (row,) = json.loads(report.read_text(encoding="utf-8"))["rows"]
+    assert row["verdict"] == "stale-but-fine" and row["fastest"]["config"]["kwargs"] == {"NAP": 1}
+    assert "within the margin of 100000%" in row["reason"]
