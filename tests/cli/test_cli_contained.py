@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -239,3 +240,26 @@ def test_a_hook_that_exits_0_in_the_middle_of_tune_makes_it_fail(tmp_path: Path)
     done = run.run("tune", "ends_later", "--device", "cpu")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ended before it finished" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_force_recovers_from_journal_rows_that_do_not_validate(tmp_path: Path) -> None:
+    run = Flyreg(tmp_path / "run", {TOY: toy_site(tmp_path / "toy")})
+    command = ("tune", "toyscale", "--spec", "n=256,dtype=float32", "--device", "cpu", "--force")
+    first = run.run(*command)
+    assert first.returncode == 0, first.stdout + first.stderr
+    journal = run.dirs["cache"] / "flyreg-journal.sqlite3"
+    with sqlite3.connect(journal) as conn:
+        (row,) = conn.execute("SELECT op, spec, config, device, toolchain, timing, created FROM measurements "
+                              "WHERE timing = 'cpu' ORDER BY id LIMIT 1").fetchall()
+        op, spec, config, device, toolchain, timing, created = row
+        hostile = [(config, -1.0, None), (config, "fast", None), ('{"kwargs":{"CHUNK":' + "[" * 50_000, 0.1, None),
+                   (config, None, "e" * 100_000)]
+        conn.executemany("INSERT INTO measurements (op, spec, config, device, toolchain, timing, median_ms, spread, "
+                         "reps, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, 0.0, 3, ?, ?)",
+                         [(op, spec, c, device, toolchain, timing, m, e, created) for c, m, e in hostile])
+    conn.close()
+    again = run.run(*command)
+    assert again.returncode == 0, again.stdout + again.stderr
+    (row,) = table_rows(again.stdout)
+    assert row[-1] == "written" and row[-2] == "0"  # nothing failed: the hostile rows never ranked
+    assert again.stderr.count("do not validate") == 1 and "Traceback" not in again.stderr
