@@ -116,7 +116,7 @@ def measure(target: Target, dirs: Sequence[Path], device: str, margin: float) ->
     s, d, f = found.served, found.role("default"), found.fastest
     target.row = {
         "op": target.op, "spec": ck.spec, "source": hit.source if hit is not None else "default",
-        "artifact": str(hit.path) if hit is not None else None,
+        "artifact": str(hit.path) if hit is not None else None, "files": [str(p) for p in target.paths],
         "tuned_on": hit.device.name if hit is not None and hit.device is not None else None,
         "stale": bool(hit and hit.stale), "verdict": found.verdict, "reason": found.reason,
         "served": s.to_json(), "default": d.to_json() if d is not None else None,

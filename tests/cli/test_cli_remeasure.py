@@ -54,6 +54,7 @@ def test_remeasure_classifies_each_artifact_and_costs_each_fallback(shipped: tup
     assert slow["default"]["config"]["kwargs"] == {"NAP": NAP_DEFAULT} and slow["vs_default"] < 0.6
     assert all(r["whole_space_timed"] and len(r["measured"]) == 3 for r in rows.values())
     assert rows[256]["tuned_on"] == "Other_CPU_9000" and rows[512]["stale"]
+    assert all([Path(f).parent for f in r["files"]] == [directory] for r in rows.values())
     assert json.loads(report_path.read_text())["retune"] == [
         {"op": "toynap", "spec": {"n": 128}, "command": "flyreg tune toynap --spec n=128"}]
 
