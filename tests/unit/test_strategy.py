@@ -41,10 +41,13 @@ BEST = min(cost(c) for c in SPACE)
 
 
 def busy_op(name: str, space: list[Config] = SPACE, fails: Callable[[Config], bool] = lambda c: False,
-            seconds: Callable[[Config], float] = lambda c: cost(c) * UNIT_S, **options: Any) -> Any:
-    """A tuner whose call busy-waits ``seconds(config)``; a config that ``fails`` does not build."""
+            seconds: Callable[[Config], float] = lambda c: cost(c) * UNIT_S, build_s: float = 0.0,
+            **options: Any) -> Any:
+    """A tuner whose call busy-waits ``seconds(config)`` and whose build sleeps ``build_s``; a config that
+    ``fails`` does not build."""
 
     def build(config: Config, spec: dict[str, Any]) -> Callable[..., Any]:
+        time.sleep(build_s)
         if fails(config):
             raise RuntimeError("no such kernel")
         wait = seconds(config)
@@ -87,6 +90,18 @@ def test_a_time_budget_stops_the_search() -> None:
     start = time.monotonic()
     report = tuner.tune(torch.zeros(1), emit=False, search_options={"effort": "full", "budget_s": 0.2})
     assert time.monotonic() - start < 4 and 0 < report.tried < len(SPACE)
+
+
+@pytest.mark.parametrize("effort", ["full", "quick"])
+def test_a_time_budget_holds_with_slow_builds_and_slow_calls(effort: str) -> None:
+    """Builds of 50 ms and calls of 20 ms: the search ends within its budget plus one build and one timing
+    (and slack for a loaded machine), where a first batch of 64 (or 2 % of the space) would take 2 to 3 s."""
+    budget, build_s, call_s = 0.5, 0.05, 0.02
+    tuner = busy_op(f"busy_slow_{effort}", seconds=lambda c: call_s, build_s=build_s, rep=1, compile_threads=1)
+    start = time.monotonic()
+    report = tuner.tune(torch.zeros(1), emit=False, search_options={"effort": effort, "budget_s": budget})
+    assert time.monotonic() - start < budget + build_s + 2 * call_s + 1.0
+    assert 1 <= report.tried < budget / build_s + 1
 
 
 def test_exhaustive_times_every_config_once() -> None:
