@@ -22,6 +22,7 @@ import attrs
 
 from flyreg._core.config import JSONScalar
 from flyreg._core.keys import DeviceIdentity
+from flyreg._core.spec import spec_text
 from flyreg._core.sqlite import Database, Foreign, Schema, check, not_plain
 
 COLUMNS = ("op", "spec", "device", "source", "origin", "nearest", "path", "config", "calls", "first_seen",
@@ -69,7 +70,7 @@ class Served:
         return self.origin == "default" or (self.origin == "offline" and self.nearest)
 
     def row(self) -> tuple[Any, ...]:
-        return (self.op, _text(self.spec), _text(self.device.to_json()), self.source, self.origin, int(self.nearest),
+        return (self.op, spec_text(self.spec), _text(self.device.to_json()), self.source, self.origin, int(self.nearest),
                 self.path, _text(self.config) if self.config is not None else None, self.calls, self.first_seen,
                 self.last_seen)
 

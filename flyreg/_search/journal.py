@@ -26,6 +26,7 @@ import attrs
 from flyreg._artifacts.cache import cache_dir
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
+from flyreg._core.spec import spec_text
 from flyreg._core.sqlite import Database, Schema
 
 DB_NAME = "flyreg-journal.sqlite3"
@@ -71,7 +72,7 @@ class Context:
     timing: str
 
     def key(self) -> tuple[str, str, str, str, str]:
-        return (self.op, _text(dict(self.spec)), _text(dict(self.device)), _text(dict(self.toolchain)), self.timing)
+        return (self.op, spec_text(self.spec), _text(dict(self.device)), _text(dict(self.toolchain)), self.timing)
 
 
 @attrs.frozen
@@ -227,7 +228,7 @@ def close() -> None:
 
 def of_spec(op: str, spec: Mapping[str, JSONScalar]) -> list[Measurement]:
     """Every journaled measurement of ``op`` on ``spec`` (any device, toolchain and timing), oldest first."""
-    return _select("WHERE op = ? AND spec = ?", (op, _text(dict(spec))))
+    return _select("WHERE op = ? AND spec = ?", (op, spec_text(spec)))
 
 
 def last_id() -> int:
@@ -243,7 +244,7 @@ def after(mark: int) -> list[Measurement]:
 
 def append(rows: Iterable[Measurement]) -> None:
     """Append measurements taken elsewhere (another process's journal) as they are, in one transaction."""
-    values = [(m.op, _text(m.spec), _text(m.config.to_json()), _text(m.device), _text(m.toolchain), m.timing,
+    values = [(m.op, spec_text(m.spec), _text(m.config.to_json()), _text(m.device), _text(m.toolchain), m.timing,
                m.median_ms, m.spread, m.reps, _cut(m.error), m.created) for m in rows]
     if not values:
         return
