@@ -81,7 +81,7 @@ class Evaluator:
     ``timed`` (config -> result, in the order measured or read), ``failed`` and ``rejected`` are
     the search's record; ``mode`` is the timing method (``cpu`` off CUDA). ``machine`` None
     journals nothing. Past ``deadline`` (a :func:`time.monotonic` instant, None: none), once a config
-    is timed, a batch's configs not yet timed are left out of its answer, and the final round is
+    is measured, a batch's configs not yet timed are left out of its answer, and the final round is
     skipped when it does not fit. A subclass provides the steps :meth:`_ready`, :meth:`_time` and
     :meth:`_warm`; an exception of a type in :attr:`fatal` ends the search instead of failing one config.
     """
@@ -149,8 +149,9 @@ class Evaluator:
         return out
 
     def late(self) -> bool:
-        """Past the deadline with a config timed: what is not yet timed is left for no one."""
-        return self.deadline is not None and bool(self.timed) and time.monotonic() >= self.deadline
+        """Past the deadline with a config measured (timed, or failed): what is not yet timed is left for no one."""
+        return (self.deadline is not None and bool(self.timed or self.failed or self.rejected)
+                and time.monotonic() >= self.deadline)
 
     def final_seconds(self, default: Config | None) -> float:
         """About how long :meth:`final_round` would take now: each finalist timed over :data:`FINAL_SCALE` times

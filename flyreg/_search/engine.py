@@ -66,7 +66,7 @@ def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, 
 
     A time budget (``settings.budget_s``, counted from ``started``, default now) covers all of it: the
     strategy stops in time to leave the final round its share (:data:`FINAL_SHARE`), a batch is cut
-    short at the deadline once a config is timed, and a final round that does not fit is skipped.
+    short at the deadline once a config is measured, and a final round that does not fit is skipped.
     """
     op = settings.op
     cands = list(dict.fromkeys(candidates))

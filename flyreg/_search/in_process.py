@@ -115,10 +115,10 @@ class InProcessEvaluator(Evaluator):
 
     def _ready(self, todo: list[Config], out: dict[Config, float | None]) -> list[tuple[Config, Launcher]]:
         """The launchers of ``todo`` that bind and pass the gate; each other config's None goes into ``out``.
-        Past the deadline (once a config is timed) the configs not yet bound and gated are left out."""
+        Past the deadline (once a config is measured) the configs not yet bound and gated are left out."""
         settings, own = self.settings, self.own
         new = [c for c in todo if c not in self.launchers]
-        deadline = self.deadline if self.timed else None
+        deadline = self.deadline if self.timed or self.failed or self.rejected else None
         bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads, deadline) if new else {}
         ready = []
         for config in todo:

@@ -61,7 +61,7 @@ class _Meter:
     Under a time budget the configs go in batches sized to the time left: one config first, then as
     many as the seconds per config seen so far fit (binding, compiling and timing included), at
     most twice the largest batch so far. A config the evaluator left out (its deadline came first)
-    is not timed. The budget never ends a search before one config is timed.
+    is not timed. The budget never ends a search before one config is measured (timed, or failed).
     """
 
     def __init__(self, evaluate: Evaluate, budget: Budget) -> None:
@@ -85,7 +85,7 @@ class _Meter:
 
     def out_of_time(self) -> bool:
         left = self.seconds_left()
-        return left is not None and left <= 0 and any(t is not None for t in self.times.values())
+        return left is not None and left <= 0 and bool(self.times)
 
     def exhausted(self) -> bool:
         left = self.left()

@@ -1,5 +1,6 @@
-"""``flyreg show``: an op's call, axes, buckets and workloads without a spec; a value out of an axis' range refused; a
-bucketed value shown with its bucket; and a lookup that reads only its own spec's cache entries, however many the op has."""
+"""``flyreg show``: an op's call, axes, buckets and workloads without a spec; a value out of an axis' range refused;
+a bucketed value shown with its bucket; and a lookup that reads only its own spec's cache entries, however many the
+op has."""
 
 from __future__ import annotations
 

@@ -104,6 +104,15 @@ def test_a_time_budget_holds_with_slow_builds_and_slow_calls(effort: str) -> Non
     assert 1 <= report.tried < budget / build_s + 1
 
 
+def test_a_time_budget_ends_a_search_whose_every_config_fails() -> None:
+    tuner = busy_op("busy_all_failing", fails=lambda c: True, build_s=0.05, compile_threads=1)
+    start = time.monotonic()
+    with pytest.warns(flyreg.FlyregWarning, match="no such kernel"), \
+            pytest.raises(flyreg.TuneError, match="every config"):
+        tuner.tune(torch.zeros(1), emit=False, search_options={"effort": "full", "budget_s": 0.3})
+    assert time.monotonic() - start < 0.3 + 0.05 + 1.0  # not 2048 builds one by one
+
+
 def test_exhaustive_times_every_config_once() -> None:
     space = SPACE[:100]
     tuner = busy_op("busy_exhaustive", space=space, seconds=lambda c: 0.0)
