@@ -43,8 +43,9 @@ class ProgressBar:
         finally:
             self.progress.update(self.configs, visible=False)
 
-    def planned(self, configs: int) -> None:
-        self.progress.reset(self.configs, total=configs, completed=0, visible=True)
+    def planned(self, configs: int, seconds: float | None) -> None:
+        within = f" (budget {seconds:g} s)" if seconds is not None else ""
+        self.progress.reset(self.configs, total=configs, completed=0, visible=True, description=f"  configs{within}")
 
     def measured(self, configs: int) -> None:
         self.progress.advance(self.configs, configs)

@@ -82,7 +82,7 @@ def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, 
     budget_s = settings.budget_s
     if budget_s is not None:
         evaluate.deadline = started + budget_s
-    progress.planned(len(cands) if cap is None else min(cap, len(cands)))
+    progress.planned(len(cands) if cap is None else min(cap, len(cands)), budget_s)
     strategy.run(cands, evaluate, Budget(cap, budget_s, settings.seed, started, reserve=lambda: min(
         evaluate.final_seconds(default), FINAL_SHARE * (budget_s or 0.0))), starts)
     final = evaluate.final_round(default)

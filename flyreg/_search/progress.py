@@ -15,8 +15,8 @@ from typing import Protocol
 
 
 class Listener(Protocol):
-    def planned(self, configs: int) -> None:
-        """A search starts that times at most ``configs`` configs (a time budget may stop it sooner)."""
+    def planned(self, configs: int, seconds: float | None) -> None:
+        """A search starts that times at most ``configs`` configs, within ``seconds`` (its budget; None: none)."""
 
     def measured(self, configs: int) -> None:
         """``configs`` more configs were timed, read from the journal, or failed."""
@@ -35,10 +35,10 @@ def listening(listener: Listener) -> Iterator[None]:
         _LISTENER.reset(token)
 
 
-def planned(configs: int) -> None:
+def planned(configs: int, seconds: float | None = None) -> None:
     listener = _LISTENER.get()
     if listener is not None:
-        listener.planned(configs)
+        listener.planned(configs, seconds)
 
 
 def measured(configs: int) -> None:

@@ -111,7 +111,7 @@ def test_the_progress_bar_counts_the_configs_of_a_spec_and_the_specs(tmp_path: P
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).strip() for line in proc.stderr.splitlines()]
     specs = [m.groups() for line in lines if (m := re.match(r"slowbuild (n=\d) .* (\d)/2 ", line))]
-    configs = [int(m.group(1)) for line in lines if (m := re.match(r"configs .* (\d+)/345 ", line))]
+    configs = [int(m.group(1)) for line in lines if (m := re.match(r"configs \(budget 1 s\) .* (\d+)/345 ", line))]
     assert specs[0] == ("n=4", "0") and specs[-1] == ("n=8", "2"), lines
     # 15 % of the 2,304 configs planned; each spec counted up from 0, past the first config, and started again.
     assert configs and max(configs) >= 2 and configs.count(0) >= 2, lines
