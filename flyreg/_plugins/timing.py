@@ -12,11 +12,11 @@ import torch
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
 from flyreg._core.results import CallKey, TunerStats
+from flyreg._core.search_terms import Call
 from flyreg._core.spec import canonical_spec, spec_text
 from flyreg._plugins import registry
 from flyreg._runtime.tuner import Autotuner, call_of
 from flyreg._search.candidates import Measured
-from flyreg._search.engine import Call
 from flyreg._search.in_process import evaluating
 from flyreg._search.isolate import WorkerUnusable
 

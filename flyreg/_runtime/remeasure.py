@@ -23,8 +23,9 @@ import attrs
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.results import BenchResult, TuneError
+from flyreg._core.search_terms import Call
 from flyreg._runtime.state import TunerState
-from flyreg._search.engine import Call, run_search
+from flyreg._search.engine import run_search
 
 #: The verdicts, best first.
 KEEP, STALE_BUT_FINE, RETUNE = "keep", "stale-but-fine", "retune"
