@@ -59,8 +59,9 @@ class _Meter:
     """Times configs through ``evaluate`` within the budget; never times a config twice.
 
     Under a time budget the configs go in batches sized to the time left: one config first, then as
-    many as the seconds per config seen so far fit (binding, compiling and timing included), at
-    most twice the largest batch so far. A config the evaluator left out (its deadline came first)
+    many as fit at the last batch's seconds per config (binding, compiling and timing included: a
+    first batch that paid for starting a compile pool does not slow every later one), at most
+    twice the largest batch so far. A config the evaluator left out (its deadline came first)
     is not timed. The budget never ends a search before one config is measured (timed, or failed).
     """
 
@@ -69,8 +70,7 @@ class _Meter:
         self.times: Times = {}
         started = budget.started if budget.started is not None else time.monotonic()
         self.deadline = started + budget.seconds if budget.seconds is not None else None
-        self.spent = 0.0  # seconds inside evaluate
-        self.evaluated = 0  # configs those seconds evaluated
+        self.per_config: float | None = None  # the last batch's seconds per config evaluated
         self.largest = 0  # the largest batch so far
 
     def left(self) -> int | None:
@@ -96,9 +96,9 @@ class _Meter:
         left = self.seconds_left()
         if left is None:
             return todo
-        if not self.evaluated:
+        if self.per_config is None:
             return 1
-        fits = int(left / (self.spent / self.evaluated)) if self.spent > 0 else todo
+        fits = int(left / self.per_config) if self.per_config > 0 else todo
         return max(1, min(todo, fits, 2 * self.largest))
 
     def time(self, configs: Sequence[Config]) -> None:
@@ -111,8 +111,8 @@ class _Meter:
             batch, todo = todo[:n], todo[n:]
             start = time.monotonic()
             got = self.evaluate(batch)
-            self.spent += time.monotonic() - start
-            self.evaluated += len(got)
+            if got:
+                self.per_config = (time.monotonic() - start) / len(got)
             self.largest = max(self.largest, n)
             self.times.update((c, got[c]) for c in batch if c in got)
 
