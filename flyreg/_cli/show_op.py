@@ -37,7 +37,9 @@ def bucket_rule(axis: Axis) -> str | None:
         return "the smallest bucket at least the value, the largest above them"
     name = getattr(axis.buckets, "__name__", type(axis.buckets).__name__)
     doc = (getattr(axis.buckets, "__doc__", None) or "").strip().splitlines()
-    return f"{name}: {doc[0]}" if doc and name != "<lambda>" else f"by {name}"
+    if name == "<lambda>":
+        return "by a function of the value"
+    return f"{name}: {doc[0]}" if doc else f"by {name}"
 
 
 def device_defaults(axis: Axis) -> dict[str, Any]:
