@@ -1,4 +1,4 @@
-"""``flyreg list``, ``check`` and ``tune`` run in a child process that must say it finished.
+"""Every ``flyreg`` command runs in a child process that must say it finished.
 
 A plugin can end the process it is imported into (``os._exit(0)``, ``sys.exit`` from its import, a
 signal to itself) before a report is printed. The child marks on a pipe each op it starts and
@@ -6,7 +6,7 @@ ends loading (importing and describing its plugin), and, last, that the command 
 it ends before that mark while an op's load was open, that op is marked broken ("ended the
 process while loading") and the command runs again with that op never loaded, so the others
 still run; the exit status is then at least 1. A child that ends unfinished otherwise makes the
-status 1 (128 + N for signal N). ``list`` and ``check`` run in a fresh interpreter; ``tune`` in a
+status 1 (128 + N for signal N). ``list`` and ``check`` run in a fresh interpreter; the others in a
 fork of this one (it sees what the process registered, and imports nothing twice), except when
 ``main`` is called with ``argv`` from a process of its own (tests).
 
@@ -31,7 +31,7 @@ from flyreg._core.processes import adopt_orphans, die_with_parent, end_adopted
 
 #: Commands run in a fresh interpreter, and those run in a fork of this process.
 SUPERVISED = frozenset({"list", "check"})
-FORKED = frozenset({"tune"})
+FORKED = frozenset({"tune", "show", "report", "cache"})
 DONE_FD = "_FLYREG_CLI_DONE_FD"
 BROKEN_OPS = "_FLYREG_CLI_BROKEN_OPS"  # op -> why, for a run again after one ended the process
 PARENT = "_FLYREG_CLI_PARENT"  # the supervisor's pid, where the child is to die with it

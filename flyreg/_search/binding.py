@@ -14,8 +14,9 @@ class CandidateExited(Exception):
     """A candidate called ``sys.exit()``: the failure of that config, never the end of the search's process."""
 
     @classmethod
-    def of(cls, e: SystemExit) -> CandidateExited:
-        return cls(f"the candidate called sys.exit({e.code!r})")
+    def of(cls, e: BaseException) -> Exception:
+        """``e`` as a candidate's failure: a ``SystemExit`` becomes this error, any other exception stays itself."""
+        return e if isinstance(e, Exception) else cls(f"the candidate called sys.exit({getattr(e, 'code', None)!r})")
 
 
 #: ``build(config)``: build (or take from the build cache) the launch callable of ``config`` for the spec.

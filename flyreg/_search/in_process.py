@@ -140,7 +140,7 @@ class InProcessEvaluator(Evaluator):
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
             except (Exception, SystemExit) as e:  # a failing candidate is skipped, never fatal
-                self._fail(config, reason(CandidateExited.of(e) if isinstance(e, SystemExit) else e), self.mode)
+                self._fail(config, reason(CandidateExited.of(e)), self.mode)
                 out[config] = None
                 continue
             self.launchers[config] = launcher
