@@ -48,6 +48,8 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
     seen: list[int] = []
 
     def handler(signum: int, _frame: Any) -> None:
+        if seen:  # stopping already (a second SIGTERM, one sent to the command's group as well as passed on)
+            return
         seen.append(signum)
         raise KeyboardInterrupt
 
