@@ -18,7 +18,7 @@ from typing import Any
 from flyreg._cli.plan import Job, tuned_as
 from flyreg._core.keys import identity_of
 from flyreg._search.compile_pool import CompilePool
-from flyreg._search.isolate import AdaptiveLimit, WorkerEvaluator
+from flyreg._search.worker import AdaptiveLimit, WorkerEvaluator
 
 #: Without ``--isolate`` or ``--no-isolate``, a job is isolated on CUDA when its space has more configs than this.
 ISOLATE_ABOVE = 64

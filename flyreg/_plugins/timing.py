@@ -18,7 +18,7 @@ from flyreg._plugins import registry
 from flyreg._runtime.tuner import Autotuner, call_of
 from flyreg._search.candidates import Measured
 from flyreg._search.in_process import evaluating
-from flyreg._search.isolate import WorkerUnusable
+from flyreg._search.worker import WorkerUnusable
 
 #: The call made last in this process, by (op, spec text, device): a worker serves one spec at a time.
 _made: dict[tuple[str, str, str], tuple[Autotuner, CallKey, Call, dict[str, JSONScalar]]] = {}

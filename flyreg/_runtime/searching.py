@@ -24,9 +24,9 @@ from flyreg._core.toolchain import current, fingerprint
 from flyreg._runtime.state import TunerState
 
 if TYPE_CHECKING:
-    from flyreg._search.isolate import WorkerEvaluator
-    from flyreg._search.isolated import Compile
+    from flyreg._search.isolated_evaluator import Compile
     from flyreg._search.journal import Machine
+    from flyreg._search.worker import WorkerEvaluator
 
 
 def time_config(tuner: TunerState, config: Config, spec: dict[str, JSONScalar], call: Call) -> float:
@@ -72,10 +72,10 @@ def search_isolated(tuner: TunerState, spec: dict[str, JSONScalar], ident: Devic
                     out_dir: str | os.PathLike[str] | None = None,
                     settings: SearchSettings | None = None) -> tuple[Resolution, OSError | None]:
     """:func:`search` with every candidate compiled by ``compile`` and timed by ``bench`` in worker processes
-    (:class:`~flyreg._search.isolated.IsolatedEvaluator`); this process runs none. ``spec`` and ``pkey``
+    (:class:`~flyreg._search.isolated_evaluator.IsolatedEvaluator`); this process runs none. ``spec`` and ``pkey``
     are those of the worker's call."""
     from flyreg._search.engine import run_strategy
-    from flyreg._search.isolated import IsolatedEvaluator
+    from flyreg._search.isolated_evaluator import IsolatedEvaluator
 
     tuner.stats.searches += 1
     settings = settings if settings is not None else tuner.settings

@@ -8,7 +8,7 @@ journaled as failed or rejected is tried again). A config that may win but was o
 journal passes the correctness gate again in this run before the final round (:meth:`Evaluator._recheck`):
 one that has since regressed is dropped, never served. Where a config is made ready
 and timed is a subclass's: in this process (:class:`flyreg._search.in_process.InProcessEvaluator`)
-or in worker processes (:class:`flyreg._search.isolated.IsolatedEvaluator`).
+or in worker processes (:class:`flyreg._search.isolated_evaluator.IsolatedEvaluator`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import attrs
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.results import BenchResult, TunerStats
+from flyreg._core.search_terms import SearchSettings
 from flyreg._search import journal, progress
 from flyreg._search.bench import device_kind
 from flyreg._search.decide import knob_order
 from flyreg._search.graphs import CaptureError
-from flyreg._search.settings import SearchSettings
 
 #: The final round: candidates within FINAL_BAND of the fastest (at most FINALISTS of them, and the
 #: default) are timed again over FINAL_SCALE times the work, and ranked by that. On the H200 short

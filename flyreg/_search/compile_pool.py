@@ -5,7 +5,7 @@ task per config; for a Triton op that fills Triton's on-disk cache, so the bench
 own build of the config is a cache hit. A batch's compiles all finish before any of it is timed,
 so compiling never overlaps a measurement. A compile that raises is that config's failure, with
 the reason. A compile that crashes its process, or a pool that makes no progress within the time
-limit (:class:`~flyreg._search.isolate.AdaptiveLimit` over the compile times), loses the compiles
+limit (:class:`~flyreg._search.worker.AdaptiveLimit` over the compile times), loses the compiles
 still open: the pool is replaced, and those configs go to the benchmarking worker uncompiled,
 which builds them itself and finds the one that crashes or hangs. Each pool process leads a
 process group of its own, ended with the pool (what a build started in it ends too); its output is
@@ -24,8 +24,8 @@ from typing import Any
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.processes import kill_group
-from flyreg._search.isolate import AdaptiveLimit, worker_setup
 from flyreg._search.output import OutputTail, capture_here
+from flyreg._search.worker import AdaptiveLimit, worker_setup
 
 #: ``task(*args, config_json)`` compiles one config in a pool process; returns why it failed, or None.
 CompileTask = Callable[..., "str | None"]

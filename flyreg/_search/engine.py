@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import warn_once
 from flyreg._core.results import TuneError, TuneReport, TunerStats
+from flyreg._core.search_terms import SearchSettings
 from flyreg._search import progress
 from flyreg._search.binding import Bind, Build, bind_all, compile_threads
 from flyreg._search.candidates import (
@@ -22,7 +23,6 @@ from flyreg._search.candidates import (
 from flyreg._search.decide import decide
 from flyreg._search.in_process import Call, InPlace, evaluating
 from flyreg._search.journal import Machine
-from flyreg._search.settings import SearchSettings
 from flyreg._search.strategy import Budget, Exhaustive, choose
 
 __all__ = ["FINALISTS", "FINAL_BAND", "FINAL_SCALE", "Bind", "Build", "Call", "InPlace", "Machine", "bind_all",

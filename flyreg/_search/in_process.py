@@ -17,14 +17,13 @@ import torch
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.launch import Launcher, LaunchSignatureError
 from flyreg._core.results import BenchResult, TunerStats
-from flyreg._core.search_terms import Call
+from flyreg._core.search_terms import Call, SearchSettings
 from flyreg._search import journal
 from flyreg._search.bench import warm_device
 from flyreg._search.binding import Bind, Build, CandidateExited, bind_all
 from flyreg._search.candidates import Evaluator, Measured, reason
 from flyreg._search.gate import mismatch, run_reference
 from flyreg._search.graphs import CaptureError
-from flyreg._search.settings import SearchSettings
 from flyreg._search.steady import InputSet
 from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
 

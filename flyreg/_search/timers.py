@@ -10,8 +10,8 @@ import torch
 
 from flyreg._core.launch import Launcher
 from flyreg._core.results import BenchResult
+from flyreg._core.search_terms import SearchSettings
 from flyreg._search.bench import do_bench
-from flyreg._search.settings import SearchSettings
 from flyreg._search.steady import (InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
                                    set_count, storages, viewed_bytes)
 

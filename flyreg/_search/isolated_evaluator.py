@@ -2,7 +2,7 @@
 
 The strategy, the journal and the winner stay in the calling process, which runs no candidate
 and starts no device work for one: a candidate that crashes or hangs fails in a worker, with its
-reason, and the search goes on with a fresh worker (:mod:`flyreg._search.isolate`).
+reason, and the search goes on with a fresh worker (:mod:`flyreg._search.worker`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.results import BenchResult, TunerStats
+from flyreg._core.search_terms import SearchSettings
 from flyreg._search import journal
 from flyreg._search.candidates import CandidateError, Evaluator, Measured, Rejected
 from flyreg._search.graphs import CaptureError
-from flyreg._search.isolate import IsolationError, WorkerEvaluator
-from flyreg._search.settings import SearchSettings
+from flyreg._search.worker import IsolationError, WorkerEvaluator
 
 #: ``compile(configs) -> {config: why its compile failed}`` (a :class:`~flyreg._search.compile_pool.CompilePool`'s).
 Compile = Callable[[Sequence[Config]], dict[Config, str]]
