@@ -39,7 +39,7 @@ _EXPORTS = {
     "PluginError": "_plugins.manager",
     "HookError": "_plugins.manager",
     "SpecError": "_core.keys",
-    "record": "_runtime.record",
+    "record": "_runtime.serving_record",
     "pending": "_runtime.pending",
     "tune_pending": "_runtime.pending",
 }

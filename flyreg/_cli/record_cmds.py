@@ -13,7 +13,7 @@ from flyreg._cli.plan import Job, plan_jobs
 from flyreg._cli.text import one_line, spec_str
 from flyreg._core.keys import identity_of
 from flyreg._runtime.pending import CAPTURE
-from flyreg._runtime.record_file import Served, read
+from flyreg._runtime.serving_record_file import Served, read
 
 
 def untuned(r: Served) -> bool:

@@ -22,7 +22,7 @@ from flyreg._core.launch import Launcher, bind_launcher, named_args
 from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
 from flyreg._core.search_terms import Call, SearchSettings, names_of
 from flyreg._core.spec import normalize_spec
-from flyreg._runtime import record, resolution
+from flyreg._runtime import resolution, serving_record
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
 from flyreg._runtime.resolution import Request, autotune_forced, capturing
 from flyreg._runtime.searching import search, time_config
@@ -43,7 +43,7 @@ class Autotuner:
     On a call: in-memory -> scratch disk cache -> offline artifact -> heuristic default ->
     full search. ``FLYREG_AUTOTUNE=1`` skips everything but the search for each new key and
     re-writes its results. The steady-state call builds a key, looks it up and launches; while
-    recording (``FLYREG_RECORD``, :func:`flyreg.record`) it also counts the call (:mod:`flyreg._runtime.record`).
+    recording (``FLYREG_RECORD``, :func:`flyreg.record`) it also counts the call (:mod:`flyreg._runtime.serving_record`).
     A new key met while a CUDA graph is being captured gets cache -> offline -> default and a
     one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``); where that is no config
     tuned for it, the key is kept pending for :func:`flyreg.tune_pending` to tune after capture.
@@ -129,11 +129,11 @@ class Autotuner:
         self.reports: dict[str, TuneReport] = {}
         self.memory = Memory()
         self._bound: dict[Any, Launcher] = {}
-        self._counted: dict[Any, Any] = {}  # while recording: the counters that replace _bound (record.py)
+        self._counted: dict[Any, Any] = {}  # while recording: the counters that replace _bound (serving_record.py)
         #: ``make_inputs(spec, device) -> (args, kwargs)``: a call's inputs for a spec, where the op has the hook
         #: (a plugin's); :func:`flyreg.tune_pending` tunes a key missed during capture on them.
         self.make_inputs: Callable[[dict[str, JSONScalar], str], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
-        record.track(self)
+        serving_record.track(self)
 
     @property
     def timing(self) -> str:
@@ -194,7 +194,7 @@ class Autotuner:
     def _launcher(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher:
         """Resolve a call whose key is not in memory and bind its config to this call's signature."""
         launcher, ck, res = self._serve(args, kwargs)
-        record.first_call(self, ck, res)  # FLYREG_RECORD set since this tuner was made: recording starts
+        serving_record.first_call(self, ck, res)  # FLYREG_RECORD set since this tuner was made: recording starts
         return launcher
 
     def _serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Launcher, CallKey, Resolution]:

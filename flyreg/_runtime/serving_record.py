@@ -5,7 +5,7 @@ resolved, after it is set, until the process exits) or inside :func:`record`. Th
 call does no I/O: while recording, every tuner's class is swapped for a subclass whose
 ``__call__`` is the plain one plus a counter per call signature (one attribute increment);
 with recording off the plain ``__call__`` runs, unchanged. The counts are added to the file
-(:mod:`flyreg._runtime.record_file`: safe under concurrent processes) by a background thread
+(:mod:`flyreg._runtime.serving_record_file`: safe under concurrent processes) by a background thread
 every ``FLYREG_RECORD_INTERVAL`` seconds while recording, when a ``with`` block ends, and under
 ``FLYREG_RECORD`` also at exit and on SIGTERM (the handler the application had installed then
 runs, or the default action: the process ends). A SIGKILL loses at most the last interval's
@@ -33,8 +33,8 @@ import attrs
 from flyreg._core import settings
 from flyreg._core.fileio import warn_once
 from flyreg._core.results import CallKey, Resolution
-from flyreg._runtime import record_file
-from flyreg._runtime.record_file import Served
+from flyreg._runtime import serving_record_file
+from flyreg._runtime.serving_record_file import Served
 
 #: Most call signatures a recording tuner keeps counters for (as many as it keeps bound launchers);
 #: past it the oldest counter's calls are folded into its entry.
@@ -153,7 +153,7 @@ class Recorder:
                 served = [Served(e.op, e.spec, e.ident, e.res.source, e.res.origin, e.res.nearest, e.res.path,
                                  e.res.config.to_json(), total - e.flushed, e.first_seen, now)
                           for e, total in pending if total > e.flushed]
-                record_file.add(self.path, served)
+                serving_record_file.add(self.path, served)
                 for e, total in pending:
                     e.flushed = total
             finally:
@@ -215,7 +215,7 @@ def _start_from_env() -> bool:
     path = settings.current().record
     if path is not None and not RECORDER.active and path.absolute() != RECORDER.refused:
         where = path.absolute()
-        why = record_file.refusal(where)
+        why = serving_record_file.refusal(where)
         if why is not None:
             RECORDER.refused = where
             warn_once(f"flyreg: FLYREG_RECORD refused, recording nothing: {why}; flyreg records only into "
@@ -312,7 +312,7 @@ def record(path: str | os.PathLike[str]) -> Iterator[Path]:
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise TypeError(f"record() takes the record's file path (a str or os.PathLike), got {path!r}")
     where = settings.expand_path(os.fspath(path)).absolute()
-    why = record_file.refusal(where)
+    why = serving_record_file.refusal(where)
     if why is not None:
         raise ValueError(f"record() refuses {why}; it records only into a serving record, an empty file or "
                          "a new path")
