@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flyreg._core.config import JSONScalar
-from flyreg._core.spec import canonical_spec, canonical_value, name_part, spec_parts, spec_text
-
-__all__ = ["ParsedName", "artifact_filename", "canonical_spec", "canonical_value", "lookup_key", "name_part",
-           "parse_filename", "spec_text"]
+from flyreg._core.spec import name_part, spec_parts
 
 #: A parsed artifact filename: (op part, axis part -> value part, device part).
 ParsedName = tuple[str, dict[str, str], str]

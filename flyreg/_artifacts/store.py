@@ -27,9 +27,8 @@ from flyreg._core.spec import canonical_spec
 from flyreg._core.toolchain import Staleness, fingerprint, staleness
 from flyreg._version import __version__
 
-__all__ = ["MAX_ARTIFACT_BYTES", "SCHEMA", "Artifact", "ArtifactError", "artifact_filename", "canonical_spec",
-           "emit_artifact", "emit_dir", "env_config_dirs", "forget_listings", "index", "listing", "load_artifact",
-           "lookup_dirs", "parse_filename", "user_config_dir"]
+__all__ = ["MAX_ARTIFACT_BYTES", "SCHEMA", "Artifact", "ArtifactError", "emit_artifact", "emit_dir", "env_config_dirs",
+           "forget_listings", "index", "listing", "load_artifact", "lookup_dirs", "user_config_dir"]
 
 SCHEMA = 1
 MAX_ARTIFACT_BYTES = 1 << 20

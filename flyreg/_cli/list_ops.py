@@ -38,7 +38,7 @@ def list_ops(as_json: bool, device: str | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from flyreg._cli.text import make_console
+    from flyreg._core.text import make_console
 
     table = Table(title=f"flyreg ops (device: {ident.name}, {ident.arch})")
     table.add_column("op", no_wrap=True)

@@ -9,9 +9,9 @@ from typing import Any
 import attrs
 
 from flyreg._artifacts.store import index, lookup_dirs
-from flyreg._cli.text import one_line
 from flyreg._core.keys import DeviceIdentity, identity_of
 from flyreg._core.spec import canonical_spec, name_part, spec_text
+from flyreg._core.text import one_line
 
 
 @attrs.define

@@ -15,15 +15,15 @@ from typing import Any
 
 import attrs
 
+from flyreg._cli.plan import Job, plan_jobs, skip_reason
 from flyreg._cli.ray_actor import JobResult
 from flyreg._cli.ray_pool import Stream, Ticket, Worker
-from flyreg._cli.plan import Job, plan_jobs, skip_reason
-from flyreg._cli.text import make_console, one_line, spec_str
 from flyreg._cli.tune_jobs import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, finish, sigterm_as_interrupt
 from flyreg._cli.tune_output import print_plan, progress_bar, summary
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity
-from flyreg._core.spec import sanitize, spec_text
+from flyreg._core.spec import sanitize, spec_arg, spec_text
+from flyreg._core.text import make_console, one_line
 from flyreg._search import journal
 
 
@@ -115,7 +115,7 @@ def _run(request: Request, pool: list[Worker], groups: dict[DeviceIdentity, list
         summary(console, jobs, ident, request.out_dir)
     for ticket in todo:
         if ticket.deaths:
-            console.print(f"retried: {ticket.job.op} {spec_str(ticket.job.spec)} on another actor after its actor died "
+            console.print(f"retried: {ticket.job.op} {spec_arg(ticket.job.spec)} on another actor after its actor died "
                           f"({'; '.join(ticket.deaths)})", markup=False, highlight=False)
     every = [j for jobs in groups.values() for j in jobs]
     return finish(console, every, bool(todo), interrupted, request.force, builds, time.perf_counter() - start)

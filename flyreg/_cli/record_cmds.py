@@ -10,8 +10,9 @@ import click
 
 from flyreg._artifacts.lookup import EXACT, FALLBACKS, NEAREST
 from flyreg._cli.plan import Job, plan_jobs
-from flyreg._cli.text import one_line, spec_str
 from flyreg._core.keys import identity_of
+from flyreg._core.spec import spec_arg
+from flyreg._core.text import one_line
 from flyreg._runtime.pending import CAPTURE
 from flyreg._runtime.serving_record_file import Served, read
 
@@ -58,7 +59,7 @@ def _distinct(rows: list[Served]) -> dict[tuple[str, str, Any], list[Served]]:
     """The record's rows grouped by (op, spec, device)."""
     out: dict[tuple[str, str, Any], list[Served]] = {}
     for r in rows:
-        out.setdefault((r.op, spec_str(r.spec), r.device), []).append(r)
+        out.setdefault((r.op, spec_arg(r.spec), r.device), []).append(r)
     return out
 
 

@@ -20,9 +20,9 @@ import attrs
 import click
 
 from flyreg._artifacts.usable import read
-from flyreg._cli.text import config_str, escape, make_console, one_line, spec_str
 from flyreg._core.keys import DeviceIdentity, identity_of
-from flyreg._core.spec import spec_text
+from flyreg._core.spec import spec_arg, spec_text
+from flyreg._core.text import config_str, escape, make_console, one_line
 
 #: How many configs of the nearest artifacts each spec is timed against, besides the default.
 NEIGHBOURS = 3
@@ -146,7 +146,7 @@ def run_remeasure(dirs: Sequence[Path], op_names: Sequence[str], device: str, kn
         except Exception as e:  # one spec's failure never stops the others
             target.error = one_line(e)
         verdict = target.row["verdict"] if target.row is not None else f"not measured: {target.error}"
-        click.echo(f"[{i}/{len(targets)}] {target.op} {spec_str(target.spec)}: {verdict}", err=True)
+        click.echo(f"[{i}/{len(targets)}] {target.op} {spec_arg(target.spec)}: {verdict}", err=True)
     rows = [t.row for t in targets if t.row is not None]
     _table(ident, targets)
     lines = fallback_costs(rows)
@@ -157,7 +157,7 @@ def run_remeasure(dirs: Sequence[Path], op_names: Sequence[str], device: str, kn
     lines.append(f"remeasured {len(rows)} spec(s) on {ident.name} ({ident.arch}): "
                  + ", ".join(f"{n} {v}" for v, n in counts.items())
                  + (f", {len(failed)} not measured" if failed else "") + f"; report in {report}")
-    again = [{"op": r["op"], "spec": r["spec"], "command": f"flyreg tune {r['op']} --spec {spec_str(r['spec'])}"}
+    again = [{"op": r["op"], "spec": r["spec"], "command": f"flyreg tune {r['op']} --spec {spec_arg(r['spec'])}"}
              for r in rows if r["verdict"] == "retune"]
     lines.extend(f"to re-tune: {a['command']}" for a in again[:SHOWN])
     if len(again) > SHOWN:
@@ -203,13 +203,13 @@ def _table(ident: DeviceIdentity, targets: list[Target]) -> None:
     for t in targets:
         r = t.row
         if r is None:
-            table.add_row(escape(t.op), escape(spec_str(t.spec)), "-", "-", "-", "-", escape(str(t.error)), "-",
+            table.add_row(escape(t.op), escape(spec_arg(t.spec)), "-", "-", "-", "-", escape(str(t.error)), "-",
                           "not measured")
             continue
         s, f = r["served"], r["fastest"]
         fastest = "(served)" if f is None or f["config"] == s["config"] else \
             f"{config_str(_config(f['config']))} ({'/'.join(f['roles'])})"
-        table.add_row(escape(r["op"]), escape(spec_str(r["spec"])), r["source"],
+        table.add_row(escape(r["op"]), escape(spec_arg(r["spec"])), r["source"],
                       escape(config_str(_config(s["config"]))), _ms(s["median_ms"]) if s["error"] is None else "failed",
                       f"{r['vs_default']:.2f}x" if r["vs_default"] is not None else "-", escape(fastest),
                       f"{r['slower_than_fastest']:+.1%}" if r["slower_than_fastest"] is not None else "-",
@@ -224,7 +224,7 @@ def _config(data: dict[str, Any]) -> Any:
 
 
 def _ms(ms: float) -> str:
-    from flyreg._cli.text import ms_text
+    from flyreg._core.text import ms_text
 
     return ms_text(ms)
 

@@ -10,9 +10,9 @@ import click
 from flyreg._cli.report_data import OpReport, collect
 from flyreg._cli.report_html import page
 from flyreg._cli.report_plots import missing_matplotlib
-from flyreg._cli.text import escape, make_console
 from flyreg._core.fileio import write_text_atomic
 from flyreg._core.keys import DeviceIdentity
+from flyreg._core.text import escape, make_console
 from flyreg._search import journal
 
 #: The page inside the report directory.

@@ -8,8 +8,9 @@ from collections.abc import Iterable, Sequence
 
 from flyreg._cli.report_data import OpReport, SpecResult
 from flyreg._cli.report_plots import bound_plots, speedup_plots, spread_plots
-from flyreg._cli.text import config_str, spec_str
 from flyreg._core.decision import Band
+from flyreg._core.spec import spec_arg
+from flyreg._core.text import config_str
 from flyreg._version import __version__
 
 STYLE = """
@@ -87,7 +88,7 @@ def _spec_rows(report: OpReport) -> list[list[str]]:
     for s in report.specs:
         default = config_str(s.default) if s.default is not None else "-"
         served = s.served.config if s.served is not None else None
-        rows.append([_e(spec_str(s.spec)), _e(config_str(served)) if served is not None else "-",
+        rows.append([_e(spec_arg(s.spec)), _e(config_str(served)) if served is not None else "-",
                      _band(s.band(served)), _e(_why(s)), _e(default), _band(s.band(s.default)), _x(s.speedup),
                      _e(achieved(s)), _x(s.of_bound(report.peak), 2, ""), str(len(s.times)), str(len(s.failed)),
                      _seconds(s.span_s)])
@@ -99,7 +100,7 @@ def _coverage(report: OpReport) -> str:
     counts = {state: sum(1 for c in workloads if c.state == state) for state in ("current", "stale", "missing")}
     line = (f"<p>{len(workloads)} workload(s) declared for {_e(report.device.name)}: "
             + ", ".join(f"<span class='{k}'>{n} {k}</span>" for k, n in counts.items()) + "</p>")
-    rows = [[_e(spec_str(c.spec)), f"<span class='{c.state}'>{c.state}</span>",
+    rows = [[_e(spec_arg(c.spec)), f"<span class='{c.state}'>{c.state}</span>",
              "workload" if c.workload else "journal only", _e(c.path or "-")]
             for c in report.coverage if c.state != "current"]
     if not rows:

@@ -70,7 +70,8 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
 
 def _show_one(op: str, ident: Any, r: dict[str, Any], config: Any) -> None:
     """The resolution of one spec, a line per fact."""
-    from flyreg._cli.text import config_str, spec_str
+    from flyreg._core.spec import spec_arg
+    from flyreg._core.text import config_str
 
     click.echo(f"op:      {op}")
     click.echo(f"spec:    {spec_text(r)}")
@@ -106,7 +107,8 @@ def _show_table(op: str, ident: Any, out: list[tuple[dict[str, Any], Any]]) -> N
     from rich.table import Table
 
     from flyreg._artifacts.lookup import NEAREST, OTHER_TOOLCHAIN
-    from flyreg._cli.text import config_str, make_console, spec_str
+    from flyreg._core.spec import spec_arg
+    from flyreg._core.text import config_str, make_console
 
     table = Table(title=f"{op} on {ident.name} ({ident.arch})")
     for col in ("spec", "config", "source", "path"):
@@ -130,16 +132,17 @@ def rounded(given: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
 def spec_text(r: dict[str, Any]) -> str:
     """A resolution's spec as ``--spec`` takes it, each value the check rounded shown as written first:
     ``M=300 (bucket 4096),N=4096``."""
-    from flyreg._cli.text import spec_str
+    from flyreg._core.spec import spec_arg
 
     given = r["given"]
-    return ",".join(f"{spec_str({k: given[k]})} (bucket {spec_str({k: v}).partition('=')[2]})" if k in given
-                    else spec_str({k: v}) for k, v in sorted(r["spec"].items()))
+    return ",".join(f"{spec_arg({k: given[k]})} (bucket {spec_arg({k: v}).partition('=')[2]})" if k in given
+                    else spec_arg({k: v}) for k, v in sorted(r["spec"].items()))
 
 
 def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str:
     """One line for a spec that resolves to nothing (or whose hooks fail on it)."""
-    from flyreg._cli.text import one_line, spec_str
+    from flyreg._core.spec import spec_arg
+    from flyreg._core.text import one_line
 
     if type(e) is LookupError:  # the tuner's own "no cached, offline or default config"
         return one_line(e, typed=False)
@@ -152,6 +155,6 @@ def _unresolved(op: str, spec: dict[str, Any], device: str, e: Exception) -> str
             hint = f" (its workloads use the axes {', '.join(axes)})"
     except Exception:
         pass
-    return f"{op}: no config for spec {spec_str(spec)}: {one_line(e)}{hint}"
+    return f"{op}: no config for spec {spec_arg(spec)}: {one_line(e)}{hint}"
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from flyreg._cli.text import one_line, spec_str
 from flyreg._core.keys import DeviceIdentity
+from flyreg._core.spec import spec_arg
+from flyreg._core.text import one_line
 from flyreg._plugins.record import AXIS_TYPES, Axis, OpRecord
 
 #: The device types an axis' device default is shown for.
@@ -116,7 +117,7 @@ def print_overview(data: dict[str, Any], record: OpRecord, device: str) -> None:
         return
     click.echo(f"workloads: {len(workloads)} on {device} (what `flyreg tune {data['op']}` tunes there)")
     for spec in workloads:
-        click.echo(f"  {spec_str(spec)}")
+        click.echo(f"  {spec_arg(spec)}")
 
 
 def show_op(op: str, device: str, as_json: bool) -> None:

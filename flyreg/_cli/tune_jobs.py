@@ -14,9 +14,9 @@ from typing import Any
 
 from flyreg._cli.isolated_jobs import Isolation, isolated
 from flyreg._cli.plan import Job, tuned_as
-from flyreg._cli.text import make_console, one_line
 from flyreg._cli.tune_output import progress_bar, summary
 from flyreg._core.keys import identity_of
+from flyreg._core.text import make_console, one_line
 
 #: Exit codes of ``flyreg tune``.
 EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from flyreg._cli.plan import Job
-from flyreg._cli.text import config_str, escape, make_console, ms_text, spec_str
 from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._core.spec import spec_arg
+from flyreg._core.text import config_str, escape, make_console, ms_text
 
 
 class ProgressBar:
@@ -26,11 +27,11 @@ class ProgressBar:
 
     def show(self, op: str, spec: dict[str, Any]) -> None:
         """Name the job started last."""
-        self.progress.update(self.task, description=f"{op} {spec_str(spec)}")
+        self.progress.update(self.task, description=f"{op} {spec_arg(spec)}")
 
     def done(self, op: str, spec: dict[str, Any]) -> None:
         """Count one job done, and name it."""
-        self.progress.update(self.task, description=f"{op} {spec_str(spec)}", advance=1)
+        self.progress.update(self.task, description=f"{op} {spec_arg(spec)}", advance=1)
 
     @contextlib.contextmanager
     def searching(self) -> Iterator[None]:
@@ -75,7 +76,7 @@ def print_plan(jobs: list[Job], device: str, out_dir: Path, ident: DeviceIdentit
     table.add_column("action", overflow="fold", ratio=1)
     for j in jobs:
         action = f"fail: {j.error}" if j.error else f"skip: {j.skip}" if j.skip else "tune"
-        table.add_row(escape(j.op), escape(spec_str(j.spec) or "-"), escape(action))
+        table.add_row(escape(j.op), escape(spec_arg(j.spec) or "-"), escape(action))
     console.print(table)
     n = sum(1 for j in jobs if j.skip is None and j.error is None)
     console.print(f"{n} job(s) to tune, {len(jobs) - n} not; artifacts would go to {out_dir}",
@@ -95,10 +96,10 @@ def summary(console: Any, jobs: list[Job], ident: DeviceIdentity, out_dir: Path)
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("result", overflow="fold", ratio=1)
     for j in jobs:
-        spec = spec_str(j.spec) or "-"
+        spec = spec_arg(j.spec) or "-"
         if j.tuned_spec is not None:
             changed = {k: v for k, v in j.tuned_spec.items() if j.spec.get(k, object()) != v}
-            spec += f" (as {spec_str(changed)})"
+            spec += f" (as {spec_arg(changed)})"
         r = j.result
         if r is not None:
             speedup = f"{r.speedup:.2f}x" if r.speedup else "-"
@@ -134,9 +135,9 @@ def _failures(console: Any, jobs: list[Job]) -> None:
             continue
         failures = [*j.result.failed, *((c, f"rejected: {why}") for c, why in j.result.rejected)]
         for config, why in failures[:SHOWN_FAILURES]:
-            lines.append(f"  {j.op} {spec_str(j.spec) or '-'}: {config_str(config)}: {why}")
+            lines.append(f"  {j.op} {spec_arg(j.spec) or '-'}: {config_str(config)}: {why}")
         if len(failures) > SHOWN_FAILURES:
-            lines.append(f"  {j.op} {spec_str(j.spec) or '-'}: and {len(failures) - SHOWN_FAILURES} more")
+            lines.append(f"  {j.op} {spec_arg(j.spec) or '-'}: and {len(failures) - SHOWN_FAILURES} more")
     if lines:
         console.print("\n".join(["failed configs (all of them are in the tuning journal):", *lines]), markup=False,
                       highlight=False)

@@ -1,11 +1,11 @@
-"""How the ``flyreg`` commands write things: errors as one line, specs and configs as the options take them."""
+"""How flyreg writes things for a person to read: an error as one line, a config as the options take it, a time,
+rich's console and markup escaping (rich loads on first use). A spec's text is :mod:`flyreg._core.spec`'s."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from flyreg._core.config import Config
-from flyreg._core.spec import spec_arg
 
 
 def one_line(e: BaseException, typed: bool = True) -> str:
@@ -32,9 +32,6 @@ def config_str(config: Config) -> str:
     """``Config(BLOCK_N=1024, num_warps=4)`` -> ``BLOCK_N=1024 num_warps=4``."""
     return " ".join(f"{k}={v}" for k, v in (*config.knobs, *config.hint_items)) or "(no knobs)"
 
-
-#: A spec as ``--spec`` takes it back (``N=4096,dtype=bfloat16``).
-spec_str = spec_arg
 
 
 def ms_text(ms: float) -> str:
