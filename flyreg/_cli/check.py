@@ -61,7 +61,7 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
     if remeasure and against_record is not None:
         raise click.UsageError("--remeasure and --against-record are two checks: run them one at a time")
     if against_record is not None:
-        from flyreg._cli.record_cmds import check_against_record
+        from flyreg._tuning.from_record import check_against_record
 
         if check_against_record(against_record, dirs):
             sys.exit(1)
@@ -94,15 +94,15 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
 def _remeasure(targets: list[Path], op_names: list[str], where: list[dict[str, Any]], device: str | None,
                known: dict[str, str], margin: float, report: Path, workloads: bool, retune: bool,
                out: Path | None) -> None:
-    from flyreg._cli.common import check_op_names, resolve_device
-    from flyreg._cli.remeasure import retune as retune_set
-    from flyreg._cli.remeasure import run_remeasure
+    from flyreg._cli.common import artifact_dir, check_op_names, resolve_device
+    from flyreg._tuning.remeasure_artifacts import retune as retune_set
+    from flyreg._tuning.remeasure_artifacts import run_remeasure
 
     check_op_names(op_names)
     dev = resolve_device(device)
     measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads, where)
     if retune:
-        sys.exit(retune_set(measured, dev, out))
+        sys.exit(retune_set(measured, dev, artifact_dir(out, create=True)))
     if any(t.row is not None and t.row["verdict"] == "retune" for t in measured):
         sys.exit(1)
 

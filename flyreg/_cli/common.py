@@ -23,8 +23,8 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from flyreg._core.text import one_line
         from flyreg._core.keys import SpecError
+        from flyreg._core.text import one_line
         from flyreg._plugins.manager import PluginError
         from flyreg._plugins.registry import OpUnavailableError, UnknownOpError
 

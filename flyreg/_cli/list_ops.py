@@ -15,9 +15,9 @@ from flyreg._cli.common import device_option, resolve_device, user_errors
 @user_errors
 def list_ops(as_json: bool, device: str | None) -> None:
     """List every registered op: status, description, structural knobs, artifacts for this device."""
-    from flyreg._cli.plan import count_artifacts
     from flyreg._core.keys import identity_of
     from flyreg._plugins.registry import REGISTRY, ops
+    from flyreg._tuning.plan import count_artifacts
 
     ident = identity_of(resolve_device(device))
     rows = []

@@ -75,9 +75,9 @@ class TuneActor:
         """Tune ``op`` on ``spec`` as a local ``flyreg tune`` does, writing no artifact, with ``known``
         (the driver's journal rows of the spec) to resume from. A job that fails returns its error."""
         from flyreg._core.text import one_line
-        from flyreg._cli.tune_jobs import job_inputs
         from flyreg._plugins.registry import REGISTRY
         from flyreg._runtime.builds import BUILD_CACHE
+        from flyreg._tuning.jobs import job_inputs
 
         ident, start, builds = self.identity(), time.perf_counter(), BUILD_CACHE.builds
         tuned: dict[str, Any] = dict(spec)

@@ -17,9 +17,9 @@ from typing import Any
 
 import attrs
 
-from flyreg._cli.plan import Job
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.text import one_line
+from flyreg._tuning.plan import Job
 
 #: How often Ray restarts a dead actor, and how often a job whose actor died runs again.
 RETRIES = 2

@@ -1,7 +1,7 @@
 """``flyreg tune --ray``: plan as a local tune does, tune on Ray actors, write every result here.
 
 The driver (this process) plans the jobs once per device model among the actors, exactly as a
-local ``flyreg tune`` plans them (:func:`flyreg._cli.tune_jobs.plan_jobs`), streams them to the
+local ``flyreg tune`` plans them (:func:`flyreg._tuning.jobs.plan_jobs`), streams them to the
 actors of that model, and alone writes what comes back: each artifact atomically, named by the
 device the actor reported, and each measurement into the tuning journal.
 """
@@ -15,16 +15,16 @@ from typing import Any
 
 import attrs
 
-from flyreg._cli.plan import Job, plan_jobs, skip_reason
 from flyreg._cli.ray_actor import JobResult
 from flyreg._cli.ray_pool import Stream, Ticket, Worker
-from flyreg._cli.tune_jobs import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, finish, sigterm_as_interrupt
-from flyreg._cli.tune_output import print_plan, progress_bar, summary
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.spec import sanitize, spec_arg, spec_text
 from flyreg._core.text import make_console, one_line
 from flyreg._search import journal
+from flyreg._tuning.display import print_plan, progress_bar, summary
+from flyreg._tuning.jobs import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, finish, sigterm_as_interrupt
+from flyreg._tuning.plan import Job, plan_jobs, skip_reason
 
 
 @attrs.frozen

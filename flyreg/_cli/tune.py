@@ -9,7 +9,7 @@ import click
 
 from flyreg._cli.common import (artifact_dir, check_op_names, device_option, ray_address, resolve_device, spec_values,
                                 user_errors)
-from flyreg._cli.isolated_jobs import ISOLATE_ABOVE
+from flyreg._tuning.isolated_jobs import ISOLATE_ABOVE
 
 
 @click.command()
@@ -57,9 +57,9 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     Ctrl-C stops after keeping the artifacts written so far (exit 130). Every measurement is
     journaled as it is taken: the same command run again times nothing already measured.
     """
-    from flyreg._cli.plan import plan_jobs
-    from flyreg._cli.tune_jobs import run_jobs
-    from flyreg._cli.tune_output import print_plan
+    from flyreg._tuning.display import print_plan
+    from flyreg._tuning.jobs import run_jobs
+    from flyreg._tuning.plan import plan_jobs
 
     names = list(dict.fromkeys(op_names))
     if specs and not names:
@@ -86,7 +86,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     dev = resolve_device(device)
     out_dir = artifact_dir(out, create=not dry_run)
     if from_record is not None:
-        from flyreg._cli.record_cmds import plan_from_record
+        from flyreg._tuning.from_record import plan_from_record
 
         jobs = plan_from_record(from_record, names, dev, out_dir, force)
     else:

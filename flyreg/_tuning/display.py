@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flyreg._cli.plan import Job
 from flyreg._core.keys import DeviceIdentity, identity_of
 from flyreg._core.spec import spec_arg
 from flyreg._core.text import config_str, escape, make_console, ms_text
+from flyreg._tuning.plan import Job
 
 
 class ProgressBar:

@@ -91,10 +91,10 @@ def measure(target: Target, dirs: Sequence[Path], device: str, margin: float) ->
     """Re-time what lookup serves ``target``'s spec here from ``dirs`` (the default where nothing does) against
     the default and the neighbours' configs; fills ``target.row`` (the report's row) or ``target.error``."""
     from flyreg._artifacts.lookup import EXACT, OfflineStore
-    from flyreg._cli.tune_jobs import job_inputs
     from flyreg._plugins.registry import REGISTRY
     from flyreg._runtime.remeasure import remeasure
     from flyreg._runtime.tuner import call_of
+    from flyreg._tuning.jobs import job_inputs
 
     tuner = REGISTRY.tuner(target.op)
     if tuner.make_inputs is None:
@@ -229,14 +229,12 @@ def _ms(ms: float) -> str:
     return ms_text(ms)
 
 
-def retune(targets: list[Target], device: str, out: Path | None) -> int:
-    """Tune the retune set (``flyreg tune OP --spec ... --force``) into ``out`` (default: the artifact dir);
+def retune(targets: list[Target], device: str, out_dir: Path) -> int:
+    """Tune the retune set (``flyreg tune OP --spec ... --force``) into ``out_dir`` (checked writable);
     returns ``flyreg tune``'s exit code."""
-    from flyreg._cli.common import artifact_dir
-    from flyreg._cli.plan import plan_jobs
-    from flyreg._cli.tune_jobs import run_jobs
+    from flyreg._tuning.jobs import run_jobs
+    from flyreg._tuning.plan import plan_jobs
 
-    out_dir = artifact_dir(out, create=True)
     wanted: dict[str, list[dict[str, Any]]] = {}
     for t in targets:
         if t.row is not None and t.row["verdict"] == "retune":

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flyreg._cli.isolated_jobs import Isolation, isolated
-from flyreg._cli.plan import Job, tuned_as
-from flyreg._cli.tune_output import progress_bar, summary
 from flyreg._core.keys import identity_of
 from flyreg._core.text import make_console, one_line
+from flyreg._tuning.display import progress_bar, summary
+from flyreg._tuning.isolated_jobs import Isolation, isolated
+from flyreg._tuning.plan import Job, tuned_as
 
 #: Exit codes of ``flyreg tune``.
 EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
@@ -69,7 +69,7 @@ def run_jobs(jobs: list[Job], device: str, out_dir: Path, force: bool = False,
     """Run the jobs with a progress bar, print the summary; returns the exit code. ``options`` are each
     search's run options (:meth:`Autotuner.tune`'s ``search_options``; default: resume from the journal).
     ``isolate`` runs every job's candidates in worker processes, or none's (None: as
-    :func:`flyreg._cli.isolated_jobs.isolated` decides for each job).
+    :func:`flyreg._tuning.isolated_jobs.isolated` decides for each job).
 
     0: every job tuned or skipped; 1: some job failed; 130 (143): stopped by SIGINT (SIGTERM),
     with every artifact written so far kept and no partial file left.

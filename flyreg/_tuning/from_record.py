@@ -9,12 +9,12 @@ from typing import Any
 import click
 
 from flyreg._artifacts.lookup import EXACT, FALLBACKS, NEAREST
-from flyreg._cli.plan import Job, plan_jobs
 from flyreg._core.keys import identity_of
 from flyreg._core.spec import spec_arg
 from flyreg._core.text import one_line
 from flyreg._runtime.pending import CAPTURE
 from flyreg._runtime.serving_record_file import Served, read
+from flyreg._tuning.plan import Job, plan_jobs
 
 
 def untuned(r: Served) -> bool:

@@ -15,10 +15,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from flyreg._cli.plan import Job, tuned_as
 from flyreg._core.keys import identity_of
 from flyreg._search.compile_pool import CompilePool
 from flyreg._search.worker import AdaptiveLimit, WorkerEvaluator
+from flyreg._tuning.plan import Job, tuned_as
 
 #: Without ``--isolate`` or ``--no-isolate``, a job is isolated on CUDA when its space has more configs than this.
 ISOLATE_ABOVE = 64
@@ -52,7 +52,7 @@ class Isolation:
             self.pool.close(force=exc_type is not None)
 
     def tune(self, job: Job, device: str, out_dir: Path, force: bool, options: dict[str, Any]) -> None:
-        """Tune ``job`` isolated: its result, skip or raised error as :func:`flyreg._cli.tune_jobs.run_jobs` expects."""
+        """Tune ``job`` isolated: its result, skip or raised error as :func:`flyreg._tuning.jobs.run_jobs` expects."""
         from flyreg._core.settings import current
         from flyreg._plugins.registry import REGISTRY
         from flyreg._plugins.timing import OpBench, compile_config

@@ -1,0 +1,1 @@
+"""Internal: the tuning run behind ``flyreg tune`` and ``check --remeasure`` (jobs planned, run, shown)."""
