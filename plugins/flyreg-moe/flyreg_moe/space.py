@@ -52,8 +52,11 @@ SPLIT_ROWS = 64
 SMS = 132
 #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 DECODE_ROWS = 64
-#: Rows up to which the default takes the decode path.
-DECODE_DEFAULT_ROWS = 16
+#: Rows up to which the default takes the decode path: none yet. Timed eagerly on an H100 (2026-12-06,
+#: bench/check_ids_cost.py's unchecked column) it read 43 to 73 % of the weight-bandwidth floor at M = 1 and
+#: 16 (Qwen3 M = 16: 520 us, where the grouped path's served config read 201 us on the H200); no graph-timed
+#: run on one card has shown it winning, so only a search that measures it takes it.
+DECODE_DEFAULT_ROWS = 0
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = (16, 32, 64, 128)
 DECODE_N_DOWNS = (16, 32, 64)
@@ -147,9 +150,10 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
     bm = decode_block_m(M)
     out = []
     for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES):
-        # Triton's decode GEMM 1 took more than _smem's count (262144 bytes for 64 x 128 x 128 in 2 stages, on
-        # the H100): one stage more is counted.
-        if max(_smem(bm, bn, bk, stages + 1), (stages + 1) * (bm * bk + bk * bnd) * 2) > SMEM_BYTES:
+        # Triton's decode GEMM 1 took its pipeline plus three float32 tiles of its accumulator's size (262144 bytes
+        # for 64 x 128 x 128 in 2 stages, on the H100); GEMM 2 is counted alike with one.
+        if max(_smem(bm, bn, bk, stages) + 3 * bm * bn * 4,
+               stages * (bm * bk + bk * bnd) * 2 + bm * bnd * 4) > SMEM_BYTES:
             continue
         if warps == 8 and bm * max(bn, bnd) < 4096:  # 8 warps only where each holds 16 accumulator rows
             continue
@@ -210,7 +214,7 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     N = 2048) read up to 1.17x slower. (``benchmarks/moe_knob_ab.py`` at M >= 1024 on Mixtral and gpt-oss:
     TMA 1 to 10 % faster, quarter tails 1 to 19 % up to M = 4096.)
 
-    Up to :data:`DECODE_DEFAULT_ROWS` rows: the decode path (:func:`decode_default`).
+    Up to :data:`DECODE_DEFAULT_ROWS` rows (none yet): the decode path (:func:`decode_default`).
     """
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:

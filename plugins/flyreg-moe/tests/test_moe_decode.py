@@ -80,7 +80,7 @@ def test_decode_knob_is_checked() -> None:
         triton_moe.bind_fused_moe(*call(3, 4, 32, 32, 2), **{**DECODE, "DECODE": 1})
 
 
-def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it() -> None:
+def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_where_set() -> None:
     base = {"E": 128, "K": 2048, "N": 768, "topk": 8}
     for M in (1, 16, 64, 128):
         spec = {**base, "M": M}
