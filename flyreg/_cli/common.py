@@ -88,7 +88,7 @@ def ray_address(_ctx: click.Context, _param: click.Parameter, value: str | None)
     """``--ray``'s address ("local" when given alone); Ray must be installed."""
     if value is None:
         return None
-    from flyreg._cli.ray_pool import ray_missing
+    from flyreg._ray.pool import ray_missing
 
     missing = ray_missing()
     if missing is not None:

@@ -71,7 +71,7 @@ def tune(op_names: tuple[str, ...], specs: list[dict[str, Any]], where: list[dic
     check_op_names(names)
     options = {"effort": effort, "budget_s": budget, "seed": seed, "resume": not fresh, "retry_failed": force}
     if ray_address is not None:
-        from flyreg._cli.ray_tune import Request, tune_on_ray
+        from flyreg._ray.driver import Request, tune_on_ray
 
         if from_record is not None:
             raise click.UsageError("--from-record is not supported with --ray")

@@ -15,12 +15,12 @@ from typing import Any
 
 import attrs
 
-from flyreg._cli.ray_actor import JobResult
-from flyreg._cli.ray_pool import Stream, Ticket, Worker
 from flyreg._core.fileio import warn_once
 from flyreg._core.keys import DeviceIdentity
 from flyreg._core.spec import sanitize, spec_arg, spec_text
 from flyreg._core.text import make_console, one_line
+from flyreg._ray.actor import JobResult
+from flyreg._ray.pool import Stream, Ticket, Worker
 from flyreg._search import journal
 from flyreg._tuning.display import print_plan, progress_bar, summary
 from flyreg._tuning.jobs import EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, finish, sigterm_as_interrupt
@@ -44,7 +44,7 @@ def tune_on_ray(request: Request, address: str, device: str | None, workers: int
     """Run ``request`` on the Ray instance at ``address`` (``"local"``: start one here); returns the exit code."""
     import ray
 
-    from flyreg._cli.ray_pool import connect, nodes, start_workers
+    from flyreg._ray.pool import connect, nodes, start_workers
 
     try:
         device = connect(address, device, workers)

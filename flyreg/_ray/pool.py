@@ -99,7 +99,7 @@ def start_workers(device: str, count: int | None) -> list[Worker]:
     device model; an actor that does not start within :data:`START_TIMEOUT_S` is given up."""
     import ray
 
-    from flyreg._cli.ray_actor import TuneActor
+    from flyreg._ray.actor import TuneActor
 
     resource = "GPU" if device == "cuda" else "CPU"
     total = int(ray.cluster_resources().get(resource, 0))
