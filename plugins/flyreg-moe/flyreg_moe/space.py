@@ -53,7 +53,7 @@ SMS = 132
 #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 DECODE_ROWS = 64
 #: Rows up to which the default takes the decode path: none yet. Timed eagerly on an H100 (2026-12-06,
-#: bench/check_ids_cost.py's unchecked column) it read 43 to 73 % of the weight-bandwidth floor at M = 1 and
+#: bench/check_ids_cost.py's unchecked column) it read about 40 to 73 % of the weight-bandwidth floor at M = 1 and
 #: 16 (Qwen3 M = 16: 520 us, where the grouped path's served config read 201 us on the H200); no graph-timed
 #: run on one card has shown it winning, so only a search that measures it takes it.
 DECODE_DEFAULT_ROWS = 0
