@@ -22,7 +22,7 @@ import click
 from flyreg._cli.cache import cache
 from flyreg._cli.check import check
 from flyreg._cli.list_ops import list_ops
-from flyreg._cli.report_cmd import report
+from flyreg._cli.report import report
 from flyreg._cli.show import show
 from flyreg._cli.tune import tune
 from flyreg._version import __version__

@@ -1,82 +1,39 @@
-"""``flyreg report``: write the HTML report of what tuning found, and print a one-screen summary."""
+"""``flyreg report``: an HTML page of what tuning found."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import click
 
-from flyreg._cli.report_data import OpReport, collect
-from flyreg._cli.report_html import page
-from flyreg._cli.report_plots import missing_matplotlib
-from flyreg._core.fileio import write_text_atomic
-from flyreg._core.keys import DeviceIdentity
-from flyreg._core.text import escape, make_console
-from flyreg._search import journal
-
-#: The page inside the report directory.
-PAGE = "index.html"
+from flyreg._cli.common import check_op_names, user_errors
 
 
-def run_report(op_names: list[str], out: Path) -> None:
-    """Write ``out``/index.html for ``op_names`` (every op in the journal when empty), print the summary
-    and the page's path. No matplotlib, or nothing journaled: a one-line error (ClickException)."""
-    why = missing_matplotlib()
-    if why is not None:
-        raise click.ClickException(why)
-    reports = collect(op_names or None)
-    where = journal.database()
-    if not reports:
-        what = f" of {', '.join(op_names)}" if op_names else ""
-        raise click.ClickException(f"the tuning journal {where} holds no measurements{what}: run flyreg tune first")
-    for name in op_names:
-        if not any(r.op == name for r in reports):
-            click.echo(f"flyreg: warning: the tuning journal holds no measurements of {name}; it is left out",
-                       err=True)
-    path = (out / PAGE).absolute()
-    try:
-        write_text_atomic(path, page(reports, str(where)))
-    except OSError as e:
-        raise click.ClickException(f"cannot write the report into {out}: {e.strerror or e}") from None
-    summary(reports)
-    click.echo(f"report: {path}")
+def _out_dir(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:
+    """``--out`` as a path; an empty one is refused (it would write into the current directory)."""
+    if not value.strip():
+        raise click.BadParameter(f"expected a directory, got {value!r}", param_hint="--out")
+    return Path(value)
 
 
-def _range(values: list[float], digits: int, suffix: str) -> str:
-    """``1.20x (1.00x-2.31x)``: the median and the range of ``values``; ``-`` when there are none."""
-    if not values:
-        return "-"
-    mid = f"{statistics.median(values):.{digits}f}{suffix}"
-    if len(values) == 1:
-        return mid
-    return f"{mid} ({min(values):.{digits}f}{suffix}-{max(values):.{digits}f}{suffix})"
+@click.command()
+@click.argument("op_names", nargs=-1, metavar="[OP]...")
+@click.option("--out", type=click.Path(file_okay=False), default="flyreg-report", callback=_out_dir,
+              metavar="DIR", show_default=True, help="Directory to write the report page (DIR/index.html) into.")
+@user_errors
+def report(op_names: tuple[str, ...], out: Path) -> None:
+    """Write an HTML report of what tuning found for every tuned op (or the OPs given).
 
+    Per op, from the tuning journal and the artifacts: each spec's served config (its artifact's)
+    and why its search chose it, against the default, its throughput as a fraction of the peak
+    stored when it was tuned (for ops that state their work), the band of every measured config,
+    what tuning cost, and which workloads have no current artifact. Plots need matplotlib
+    (pip install 'flyreg[report]').
+    """
+    from flyreg._report.writer import run_report
+    from flyreg._search import journal
 
-def summary(reports: list[OpReport]) -> None:
-    """One table per device, a row per op: the served configs' speedups and fraction of the bound, cost,
-    coverage; then the peaks. Names (an op's, a device's) are escaped: they are not markup."""
-    from rich.table import Table
-
-    console = make_console()
-    devices: dict[DeviceIdentity, list[OpReport]] = {}
-    for r in reports:
-        devices.setdefault(r.device, []).append(r)
-    for device, found in devices.items():
-        table = Table(title=escape(f"flyreg report on {device.name} ({device.arch})"))
-        for col, justify in (("op", "left"), ("specs", "right"), ("vs default", "right"), ("of bound", "right"),
-                             ("timed", "right"), ("failed", "right"), ("measuring", "right"),
-                             ("current", "right")):
-            table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        for r in found:
-            speedups = [s.speedup for s in r.specs if s.speedup is not None]
-            bounds = [b for s in r.specs if (b := s.of_bound(r.peak)) is not None]
-            workloads = [c for c in r.coverage if c.workload]
-            current = f"{sum(c.state == 'current' for c in workloads)}/{len(workloads)}" if workloads else "-"
-            table.add_row(escape(r.op), str(len(r.specs)), _range(speedups, 2, "x"), _range(bounds, 2, ""),
-                          str(r.timed), str(r.failures), f"{r.span_s:.1f} s", current)
-        console.print(table)
-        peaks = list(dict.fromkeys(how for r in found for how in r.peaks))
-        console.print(f"peak of {device.name} ({device.arch}): {'; '.join(peaks)}", markup=False, highlight=False)
-    console.print("current: workloads with a current artifact; the page lists the others", markup=False,
-                  highlight=False)
+    names = list(dict.fromkeys(op_names))
+    journaled = journal.ops() if names else set()
+    check_op_names([n for n in names if n not in journaled])  # a journaled op reports even once uninstalled
+    run_report(names, out)

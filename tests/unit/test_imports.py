@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "flyreg"
 
 #: The internal layers, lowest first: a module may import its own layer and the ones before it.
-LAYERS = ("_core", "_artifacts", "_search", "_runtime", "_plugins", "_tuning", "_ray", "_cli")
+LAYERS = ("_core", "_artifacts", "_search", "_runtime", "_plugins", "_tuning", "_ray", "_report", "_cli")
 
 
 def module_name(path: Path) -> str:

@@ -12,8 +12,8 @@ import io
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flyreg._cli.report_data import OpReport, SpecResult
 from flyreg._core.config import JSONScalar
+from flyreg._report.data import OpReport, SpecResult
 
 #: Specs per figure, so each column keeps a readable label.
 PER_FIGURE = 48

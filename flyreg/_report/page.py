@@ -6,11 +6,11 @@ import datetime
 import html
 from collections.abc import Iterable, Sequence
 
-from flyreg._cli.report_data import OpReport, SpecResult
-from flyreg._cli.report_plots import bound_plots, speedup_plots, spread_plots
 from flyreg._core.decision import Band
 from flyreg._core.spec import spec_arg
 from flyreg._core.text import config_str
+from flyreg._report.data import OpReport, SpecResult
+from flyreg._report.plots import bound_plots, speedup_plots, spread_plots
 from flyreg._version import __version__
 
 STYLE = """
