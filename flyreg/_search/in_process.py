@@ -3,6 +3,8 @@
 :func:`evaluating` sets a search up on a call's own inputs (its in-place tensors, the
 reference's result) and yields an :class:`InProcessEvaluator`. The same evaluator, kept in a
 worker process, measures an isolated search's configs one at a time (:meth:`InProcessEvaluator.measure`).
+While candidates are built, bound, gated or timed, their output is captured (:func:`flyreg._search.output.captured`,
+once around each step, never around each timed call): a failure keeps its end, a success's is dropped.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from flyreg._core.search_terms import Call, SearchSettings
 from flyreg._search import journal
 from flyreg._search.bench import warm_device
 from flyreg._search.binding import Bind, Build, CandidateExited, bind_all
-from flyreg._search.candidates import Evaluator, Measured, reason
+from flyreg._search.candidates import CandidateError, Evaluator, Measured, reason
 from flyreg._search.gate import mismatch, run_reference
 from flyreg._search.graphs import CaptureError
+from flyreg._search.output import OutputTail, captured, with_output
 from flyreg._search.steady import InputSet
 from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
 
@@ -118,33 +121,45 @@ class InProcessEvaluator(Evaluator):
         settings, own = self.settings, self.own
         new = [c for c in todo if c not in self.launchers]
         deadline = self.deadline if self.timed or self.failed or self.rejected else None
-        bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads, deadline) if new else {}
+        bound: dict[Config, Launcher | Exception] = {}
+        binding: OutputTail | None = None  # what the batch's builds and binds wrote (they overlap)
+        if new:
+            with captured() as binding:
+                bound = bind_all(settings.op, new, self.build, self.bind, settings.compile_threads, deadline)
         ready = []
         for config in todo:
             if config not in self.launchers and (config not in bound or self.late()):
                 continue  # the deadline came first
             launcher = self.launchers[config] if config in self.launchers else bound[config]
+            output = binding
             try:
                 if isinstance(launcher, Exception):
                     raise launcher
                 if config not in self.launchers and self.gate.ref is not None:
-                    self.in_place.prepare(own, launcher.pre)
-                    why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)
-                    for n, want in self.gate.expected.items():
-                        why = why or mismatch(self.gate.written[n], want, f"in-place argument {n!r}")
+                    with captured() as output:
+                        why = self._gate(launcher)
                     if why:
-                        self._reject(config, why)
+                        self._reject(config, with_output(why, output))
                         out[config] = None
                         continue
             except LaunchSignatureError:  # the call is wrong, not the config
                 raise
             except (Exception, SystemExit) as e:  # a failing candidate is skipped, never fatal
-                self._fail(config, reason(CandidateExited.of(e)), self.mode)
+                self._fail(config, with_output(reason(CandidateExited.of(e)), output), self.mode)
                 out[config] = None
                 continue
             self.launchers[config] = launcher
             ready.append((config, launcher))
         return ready
+
+    def _gate(self, launcher: Launcher) -> str | None:
+        """Why ``launcher``'s result, or the state it leaves an in-place tensor in, is wrong; None: it is right."""
+        own = self.own
+        self.in_place.prepare(own, launcher.pre)
+        why = mismatch(launcher.raw(own.args, own.kwargs), self.gate.ref)
+        for n, want in self.gate.expected.items():
+            why = why or mismatch(self.gate.written[n], want, f"in-place argument {n!r}")
+        return why
 
     def _warm(self, ready: list[tuple[Config, Launcher]]) -> None:
         """Right before timing: the checks may have let the clocks drop."""
@@ -152,18 +167,23 @@ class InProcessEvaluator(Evaluator):
             return
         first = ready[0][1]
         try:
-            warm_device(lambda: (self.in_place.prepare(self.own, first.pre), first.raw(self.own.args,
-                                                                                       self.own.kwargs)), self.device)
+            with captured():
+                warm_device(lambda: (self.in_place.prepare(self.own, first.pre),
+                                     first.raw(self.own.args, self.own.kwargs)), self.device)
         except (Exception, SystemExit):  # that candidate fails again, and is reported, when its turn comes
             pass
 
     def _time(self, launcher: Launcher, scale: int) -> BenchResult:
-        if self._timer is None:
-            self._timer = self._make_timer()
-        try:
-            return self._timer(launcher, scale)
-        except SystemExit as e:
-            raise CandidateExited.of(e) from None
+        with captured() as output:  # once around the whole timing: the timed calls run as they would uncaptured
+            try:
+                if self._timer is None:
+                    self._timer = self._make_timer()
+                return self._timer(launcher, scale)
+            except (CaptureError, CandidateError):  # the search's to handle as they are
+                raise
+            except (Exception, SystemExit) as e:
+                failure = CandidateExited.of(e)
+        raise CandidateError(with_output(reason(failure), output)) from failure
 
     def _check(self, configs: list[Config]) -> set[Config]:
         return {config for config, _ in self._ready(configs, {})}

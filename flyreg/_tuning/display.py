@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from flyreg._core.keys import DeviceIdentity, identity_of
 from flyreg._core.spec import spec_arg
 from flyreg._core.text import config_str, escape, make_console, ms_text
+from flyreg._search.output import uncaptured
 from flyreg._tuning.plan import Job
 
 
@@ -60,8 +62,11 @@ def progress_bar(total: int) -> Iterator[ProgressBar]:
 
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=make_console(stderr=True), transient=False, disable=not total) as progress:
-        yield ProgressBar(progress, total)
+    console = make_console(stderr=True)
+    with uncaptured(sys.stderr) as stream:  # the bar goes on while a candidate's output is captured
+        console.file = stream
+        with Progress(*columns, console=console, transient=False, disable=not total) as progress:
+            yield ProgressBar(progress, total)
 
 
 def print_plan(jobs: list[Job], device: str, out_dir: Path, ident: DeviceIdentity | None = None) -> None:

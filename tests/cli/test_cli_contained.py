@@ -21,12 +21,15 @@ from toy_ops import NAME as TOY, toy_site
 #: An op whose configs sleep K ms a call (K=1 the fastest right one) unless ESCAPE_REGRESS names K (then it
 #: returns 3 x), and whose MODE "exit_build" / "exit_launch" calls sys.exit(0) building / launching, "spawn"
 #: starts a process three ways (subprocess, fork, a setsid double fork: pids noted in ESCAPE_LOG) and
-#: returns, "loud" writes 1 MB to stdout, then a line "LOUD-END", and raises.
+#: returns, "loud" prints 5 MB, writes 5 MB to descriptor 1, then a line "LOUD-END", and raises, "loud_build" writes
+#: 5 MB to descriptor 2 building, then "BUILD-END", and raises, "chatty" (K=4, right) prints "CHATTY" and warns
+#: "chatty-warning" each call.
 ESCAPING = '''
 import os
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 
@@ -71,6 +74,9 @@ def build(config, spec):
     mode, k = config.kwargs["MODE"], config.kwargs["K"]
     if mode == "exit_build":
         sys.exit(0)
+    if mode == "loud_build":
+        os.write(2, b"b" * 5_000_000 + b"\\nBUILD-END\\n")
+        raise RuntimeError("loud build")
 
     def launch(x):
         if mode == "exit_launch":
@@ -79,9 +85,13 @@ def build(config, spec):
             if not os.path.exists(LOG):
                 _spawn()
         if mode == "loud":
-            sys.stdout.write("x" * 1_000_000 + "\\nLOUD-END\\n")
-            sys.stdout.flush()
+            print("x" * 5_000_000)
+            os.write(1, b"y" * 5_000_000 + b"\\nLOUD-END\\n")
             raise RuntimeError("loud and wrong")
+        if mode == "chatty":
+            print("CHATTY")
+            os.write(2, b"CHATTY\\n")
+            warnings.warn("chatty-warning")
         time.sleep(k / 1e3)
         return x * (3 if str(k) == os.environ.get("ESCAPE_REGRESS") else 2)
 
@@ -90,8 +100,9 @@ def build(config, spec):
 
 @hookimpl
 def configs(spec):
-    bad = [Config({"MODE": m, "K": 9}) for m in ("exit_build", "exit_launch", "spawn", "loud")]
-    return [Config({"MODE": "ok", "K": 3}), *bad, Config({"MODE": "ok", "K": 1}), Config({"MODE": "ok", "K": 2})]
+    bad = [Config({"MODE": m, "K": 9}) for m in ("exit_build", "exit_launch", "spawn", "loud", "loud_build")]
+    return [Config({"MODE": "ok", "K": 3}), *bad, Config({"MODE": "chatty", "K": 4}), Config({"MODE": "ok", "K": 1}),
+            Config({"MODE": "ok", "K": 2})]
 
 
 @hookimpl
@@ -182,11 +193,15 @@ def test_candidates_that_exit_spawn_or_flood_fail_alone_and_leave_nothing_runnin
         assert json.loads(artifact.read_text())["config"]["kwargs"] == {"K": 1, "MODE": "ok"}
         errors = journal_errors(escaping)
         assert "sys.exit(0)" in str(errors["exit_build9"]) and "sys.exit(0)" in str(errors["exit_launch9"])
-        if isolate == "--isolate":  # its output is captured: the end kept with the failure, none of it printed
-            assert str(errors["loud9"]).endswith("LOUD-END") and len(str(errors["loud9"])) < 8192
-            assert len(done.stdout) + len(done.stderr) < 100_000
-        else:
-            assert "loud and wrong" in str(errors["loud9"])
+        # a candidate's output is captured, isolated or not: a failure keeps its end, a success's is dropped
+        for mode, why, end in (("loud9", "loud and wrong", "LOUD-END"), ("loud_build9", "loud build", "BUILD-END")):
+            error = str(errors[mode])
+            assert why in error.split("; the end of its output: ")[0] and error.endswith(end), error[:300]
+            assert len(error) < 8192
+        assert errors["chatty4"] is None and "CHATTY" not in done.stdout + done.stderr
+        assert len(done.stdout) + len(done.stderr) < 100_000  # the failures' tails, not 15 MB
+        if isolate == "--no-isolate":  # a warning raised inside a candidate is shown once
+            assert done.stderr.count("UserWarning: chatty-warning") == 1
         spawned = [int(p) for p in log.read_text().split()]
         assert len(spawned) == 3
         deadline = time.monotonic() + 30
