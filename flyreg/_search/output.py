@@ -132,12 +132,17 @@ def _redirected() -> Iterator[OutputTail | None]:
     for stream in streams:
         with contextlib.suppress(Exception):
             stream.flush()
+    fds: list[int] = []
     try:
-        saved = os.dup(1), os.dup(2)
-    except OSError:
+        fds.append(os.dup(1))
+        fds.append(os.dup(2))
+        fds += os.pipe()
+    except OSError:  # a descriptor is closed, or none is left: the output stays where it goes
+        for fd in fds:
+            os.close(fd)
         yield None
         return
-    read_fd, write_fd = os.pipe()
+    saved, (read_fd, write_fd) = fds[:2], fds[2:]
     output = OutputTail(read_fd)
     redirected = None
     raised: list[warnings.WarningMessage] = []
