@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_harness import COMMAND_S, Cluster, Flyreg, needs_ray, ray_env
-from cli_harness import fake_distribution
+from cli_harness import fake_distribution, table_rows
 from ray_ops import PACED
 
 OPS = ("rmsnorm", "paced")
@@ -25,6 +25,11 @@ SPECS = 8 + 4  # rmsnorm's CPU workloads, paced's
 
 def artifacts(directory: Path) -> dict[str, dict[str, Any]]:
     return {p.name: json.loads(p.read_text(encoding="utf-8")) for p in directory.glob("*.json")}
+
+
+def squeezed(text: str) -> str:
+    """``text`` without its whitespace: what a table cell says however it was folded."""
+    return "".join(text.split())
 
 
 def journaled_specs(cache: Path) -> set[tuple[str, str]]:
@@ -73,7 +78,10 @@ def test_a_killed_actor_has_its_job_finished_by_the_other(tmp_path: Path, cluste
     proc = run.run("tune", "fragile", "--device", "cpu", "--ray", cluster.address)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # n=4 failed in the engine, the others did not
     assert "3 tuned, 0 skipped, 1 failed" in proc.stdout
-    assert "failed: TuneError: fragile: every config failed on spec" in proc.stdout
+    (failed,) = [row for row in table_rows(proc.stdout) if row[-1].startswith("failed")]
+    assert failed[1].split()[0] == "n=4"
+    # the result cell may fold over lines, anywhere: compare it with its whitespace taken out
+    assert squeezed(failed[-1]).startswith(squeezed("failed: TuneError: fragile: every config failed on spec"))
     assert "retried: fragile n=3 on another actor after its actor died" in proc.stdout
     assert proc.stdout.count("(as dtype=float32)") == 4  # specialize() added an axis to each planned spec
     assert sorted((a["spec"]["n"], a["spec"]["dtype"]) for a in artifacts(run.dirs["configs"]).values()) == \
