@@ -1,5 +1,6 @@
 """A candidate's output captured in this process (:func:`flyreg._search.output.captured`): descriptors 1 and 2 and
-``sys.stdout``/``sys.stderr`` go into a bounded tail and come back however the block ends."""
+``sys.stdout``/``sys.stderr`` go into a bounded tail and come back however the block ends; a search in this
+process keeps a failing candidate's tail with its failure and drops a succeeding one's."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import sys
 import warnings
 
 import pytest
+import torch
 
+import flyreg
+from flyreg import BuildCache, Config, FlyregWarning
 from flyreg._search.output import TAIL_BYTES, captured, uncaptured, with_output
+
+from cpu_kernels import FAST, chunked_double, inputs
 
 
 def _where() -> tuple[object, ...]:
@@ -55,3 +61,37 @@ def test_an_uncaptured_stream_still_reaches_the_output(capfd: pytest.CaptureFixt
             os.write(2, b"candidate\n")
     err = capfd.readouterr().err
     assert "progress" in err and "candidate" not in err
+
+
+def test_a_search_in_this_process_keeps_a_failing_candidates_output_with_its_failure(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """What ``FLYREG_AUTOTUNE=1`` and a builder op's first call run: a search in the caller's process."""
+    def build(config: Config, spec: dict[str, object]) -> object:
+        chunk = int(config.kwargs["CHUNK"])  # type: ignore[arg-type]
+        if chunk == 3:
+            os.write(2, b"b" * 2_000_000 + b"\nBUILD-END\n")
+            raise ValueError("cannot build")
+
+        def launch(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            if chunk == 5:
+                print("p" * 2_000_000)
+                os.write(1, b"LAUNCH-END\n")
+                raise RuntimeError("out of resources")
+            print("SUCCEEDING-CANDIDATE")
+            return chunked_double(x, out, chunk)
+
+        return launch
+
+    tuner = flyreg.autotune_builder("loud_in_process", build, lambda x, out: {"n": int(x.shape[0])},
+                                    [Config({"CHUNK": c}) for c in (2, 3, 5, 8)], build_cache=BuildCache(), **FAST)
+    x, out = inputs(rows=64)
+    with pytest.warns(FlyregWarning):
+        assert torch.equal(tuner(x, out), x * 2)
+    (report,) = tuner.reports.values()
+    failed = {int(c.kwargs["CHUNK"]): why for c, why in report.failed}  # type: ignore[arg-type]
+    assert failed[3].startswith("ValueError: cannot build; the end of its output: ") and failed[3].endswith("BUILD-END")
+    assert failed[5].startswith("RuntimeError: out of resources; the end of its output: ")
+    assert failed[5].endswith("LAUNCH-END") and len(failed[5]) < TAIL_BYTES + 100
+    seen = capfd.readouterr()
+    assert len(seen.out) + len(seen.err) < 20_000
+    assert seen.out == "SUCCEEDING-CANDIDATE\n"  # the served call's own print; none of the search's many launches
