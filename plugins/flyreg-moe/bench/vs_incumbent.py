@@ -39,7 +39,6 @@ import torch
 
 import flyreg
 
-from flyreg._core.peaks import copy_bandwidth
 from flyreg.plugin import Config
 from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
@@ -149,6 +148,24 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
     return row
 
 
+
+def copy_bandwidth(repeats: int) -> float:
+    """Device copy bandwidth in bytes/s (read plus written over the median time) of a 1 GiB ``copy_``, timed
+    with events around eager calls: at this size launch cost does not show."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(50):  # clocks up before anything counts
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sglang", required=True, help="folder holding the sglang wheel's sglang/ tree")
@@ -161,7 +178,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
     mods = inc.load(a.sglang)
-    bw = copy_bandwidth("cuda", repeats=20)
+    bw = copy_bandwidth(repeats=20)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "copy_bandwidth_GBps": bw / 1e9}
     print(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {bw / 1e9:.0f} GB/s",
