@@ -7,8 +7,9 @@ search (``flyreg._search``), which loads only when a search starts.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -38,6 +39,33 @@ def check_counts(warmup: object, rep: object) -> None:
         raise ValueError(f"warmup must be an int >= 0 (a count of runs), got {warmup!r}")
     if not isinstance(rep, int) or isinstance(rep, bool) or rep < 1:
         raise ValueError(f"rep must be an int >= 1 (a count of runs), got {rep!r}")
+
+
+class OpDescription(Protocol):
+    """The fields of an op's description that its tuner and its search read: an op record
+    (:class:`flyreg.plugin.OpRecord`) is one. :meth:`Autotuner.from_record
+    <flyreg._runtime.tuner.Autotuner.from_record>` and :meth:`SearchSettings.from_record` derive from it."""
+
+    @property
+    def version(self) -> str: ...
+    @property
+    def structural(self) -> tuple[str, ...] | None: ...
+    @property
+    def arg_names(self) -> tuple[str, ...] | None: ...
+    @property
+    def restore_value(self) -> tuple[str, ...]: ...
+    @property
+    def reset_to_zero(self) -> tuple[str, ...]: ...
+    @property
+    def ordered_axes(self) -> tuple[str, ...]: ...
+    @property
+    def config_dir(self) -> os.PathLike[str] | None: ...
+    @property
+    def key_env(self) -> tuple[str, ...]: ...
+    @property
+    def timing(self) -> str: ...
+    @property
+    def strategy(self) -> str | None: ...
 
 
 #: ``reference(args, kwargs)``: the correct result of a call, for the correctness gate.
@@ -111,6 +139,14 @@ class SearchSettings:
         _check_in_place_names(op, restore, zero, names, tuple(keyword_only))
         return cls(op, warmup, rep, tie_band, timing, names, restore, zero, reference, compile_threads,
                    *_run_fields(op, strategy, effort, budget_s, seed, resume, retry_failed))
+
+    @classmethod
+    def from_record(cls, op: str, record: OpDescription, *, keyword_only: Iterable[str] = (),
+                    reference: Reference | None = None) -> SearchSettings:
+        """The settings an op's description gives its search (default run fields), checked as :meth:`of` checks."""
+        return cls.of(op, arg_names=record.arg_names or (), restore_value=record.restore_value,
+                      reset_to_zero=record.reset_to_zero, keyword_only=keyword_only, reference=reference,
+                      timing=record.timing, strategy=record.strategy)
 
     def with_run(self, **changes: object) -> SearchSettings:
         """These settings with the run's fields (``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``,

@@ -315,21 +315,18 @@ def _forget_builds(name: str) -> None:
 
 
 def build_tuner(plugin: OpPlugin) -> Autotuner:
-    """Assemble the autotuner of one op from its registered hooks (it uses the shared build cache)."""
-    from flyreg._runtime.builder import autotune_builder
+    """Assemble the autotuner of one op from its record and its registered hooks (it uses the shared build cache)."""
+    from flyreg._runtime.tuner import Autotuner
 
     rec = plugin.record
 
     def specialize(*args: Any, **kwargs: Any) -> dict[str, JSONScalar]:
         return plugin.specialize(args, kwargs)
 
-    tuner: Autotuner = autotune_builder(
-        plugin.name, plugin.build, specialize, plugin.configs, plugin.default, structural=rec.structural,
-        arg_names=rec.arg_names or (), restore_value=rec.restore_value, reset_to_zero=rec.reset_to_zero,
-        reference=plugin.reference if plugin.implements("reference") else None, key_env=rec.key_env,
-        version=rec.version, config_dirs=[rec.config_dir] if rec.config_dir else [], ordered_axes=rec.ordered_axes,
-        timing=rec.timing, strategy=rec.strategy, spec_check=plugin.check_spec if rec.axes else None,
-    )
+    tuner = Autotuner.from_record(
+        plugin.name, rec, plugin.build, specialize, plugin.configs, plugin.default,
+        reference=plugin.reference if plugin.implements("reference") else None,
+        spec_check=plugin.check_spec if rec.axes else None)
     if plugin.implements("make_inputs"):
         tuner.make_inputs = plugin.make_inputs
     return tuner

@@ -20,7 +20,7 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.keys import cache_key, env_values, identity_of, tensor_axes
 from flyreg._core.launch import Launcher, bind_launcher, named_args
 from flyreg._core.results import CallKey, GraphCaptureError, Resolution, TuneError, TuneReport, TunerStats
-from flyreg._core.search_terms import Call, SearchSettings, names_of
+from flyreg._core.search_terms import Call, OpDescription, SearchSettings, names_of
 from flyreg._core.spec import normalize_spec
 from flyreg._runtime import resolution, serving_record
 from flyreg._runtime.builds import BUILD_CACHE, BuildCache, BuildFn
@@ -134,6 +134,21 @@ class Autotuner:
         #: (a plugin's); :func:`flyreg.tune_pending` tunes a key missed during capture on them.
         self.make_inputs: Callable[[dict[str, JSONScalar], str], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
         serving_record.track(self)
+
+    @classmethod
+    def from_record(cls, name: str, record: OpDescription, build: BuildFn,
+                    specialize: Callable[..., dict[str, JSONScalar]], configs: Configs, default: Default | None = None,
+                    *, reference: Callable[..., Any] | None = None,
+                    spec_check: Callable[..., dict[str, JSONScalar]] | None = None) -> Autotuner:
+        """The tuner of op ``name`` as its description ``record`` (an :class:`~flyreg.plugin.OpRecord`) says,
+        calling these hooks; its :attr:`settings` are :meth:`SearchSettings.from_record`'s of the same record."""
+        tuner = cls(name, build, specialize, configs, default, structural=record.structural,
+                    arg_names=record.arg_names or (), key_env=record.key_env, version=record.version,
+                    config_dirs=[record.config_dir] if record.config_dir else [], ordered_axes=record.ordered_axes,
+                    spec_check=spec_check)
+        tuner.settings = SearchSettings.from_record(name, record, keyword_only=_params(specialize)[1],
+                                                    reference=reference)
+        return tuner
 
     @property
     def timing(self) -> str:
