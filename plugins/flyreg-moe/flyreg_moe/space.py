@@ -197,7 +197,7 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets (r) and K.
 
     Chosen from a fixed menu of tiles timed on every shipped workload on the H200
-    (``benchmarks/moe_menu.py``, with ``--knobs`` for TMA and tails since session 14):
+    (``moe_menu.py`` and ``moe_knob_ab.py`` under the tag ``lab-archive-2026-12``; docs/decisions.md):
 
     * r <= 16 (decode): 16 x 128 tiles, 128 deep, 4 warps, 3 stages, GEMM 2 split as
       :func:`default_split` says; above 8 rows, groups of up to 16 (the tuned configs of every
@@ -206,12 +206,12 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     * r <= 64: 64 x 128 tiles, 64 deep, 4 warps, 4 stages, groups of up to 16, quarter tails;
     * else: 128 x 128 tiles, 64 deep, 8 warps, 4 stages, groups of up to 8, quarter tails, GEMM 2 tiles
       256 wide where :func:`wide_down_fits` (``moe_knob_ab.py --set BLOCK_N_DOWN=256`` on all four shapes at
-      M >= 2048, session 14: 0.90 to 0.95 of the time of the same config with 128-wide GEMM 2 tiles).
+      M >= 2048: 0.90 to 0.95 of the time of the same config with 128-wide GEMM 2 tiles).
 
     Above 16 rows an expert the weights are read by TMA where :func:`tma_fits`, and tails are taken where
-    :func:`tails_fit`. On the menu at 24 to 128 rows an expert (session 14) these are within 2 % of the
+    :func:`tails_fit`. On the menu at 24 to 128 rows an expert these are within 2 % of the
     menu's best in 9 of 9 cells; the tiles they replaced (32 x 128 x 64 without tails, 64 x 256 below
-    N = 2048) read up to 1.17x slower. (``benchmarks/moe_knob_ab.py`` at M >= 1024 on Mixtral and gpt-oss:
+    N = 2048) read up to 1.17x slower. (``moe_knob_ab.py`` at M >= 1024 on Mixtral and gpt-oss:
     TMA 1 to 10 % faster, quarter tails 1 to 19 % up to M = 4096.)
 
     Up to :data:`DECODE_DEFAULT_ROWS` rows (none yet): the decode path (:func:`decode_default`).
