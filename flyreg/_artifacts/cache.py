@@ -54,16 +54,6 @@ def get(op: str, key: str) -> dict[str, Any] | None:
     return _decode(database(), op, key, rows[0][0]) if rows else None
 
 
-def load(op: str) -> dict[str, dict[str, Any]]:
-    """Every entry of ``op``, key -> entry (for listing and lookups by spec; a call uses :func:`get`)."""
-    out = {}
-    for key, text in DB.read("SELECT key, entry FROM entries WHERE op = ? ORDER BY key", (op,)):
-        entry = _decode(database(), op, key, text)
-        if entry is not None:
-            out[key] = entry
-    return out
-
-
 def starting_with(op: str, prefix: str) -> dict[str, dict[str, Any]]:
     """The entries of ``op`` whose key starts with ``prefix``, key -> entry: one indexed range read, which
     reads only those rows however many the op has (a spec-only lookup: :func:`flyreg._core.keys.cache_key_prefix`)."""
