@@ -50,8 +50,8 @@ from . import incumbent as inc
 REPLAY_MS = 2.0
 #: Decode-path tiles timed with --menu: (BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages).
 #: Those outside the spec's space are skipped.
-MENU = ((32, 16, 256, 4, 4), (16, 16, 256, 4, 4), (32, 16, 128, 4, 4), (32, 32, 256, 4, 4), (16, 16, 128, 4, 4),
-        (64, 32, 128, 4, 4))
+MENU = (*((bn, bnd, bk, 4, 4) for bn in (16, 32, 64) for bnd in (32, 64, 128) for bk in (128, 256)),
+        (32, 64, 128, 4, 3), (32, 64, 128, 4, 5), (32, 64, 256, 4, 3))
 
 
 def routed(M: int, E: int, K: int, topk: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -4,19 +4,20 @@ Where few tokens come (M up to a row tile, ``BLOCK_M``), the rows of a tile are 
 sorted pairs, so nothing has to be sorted:
 
 * GEMM 1 (:func:`_decode_gate_up_kernel`), a program per (selected expert, column tile, token tile): every
-  program finds the selected experts from the ids (an expert-by-expert presence vector, in expert order) and
-  takes the one its first grid index ranks; it multiplies all the tile's tokens by that expert's gate and up
-  columns and stores ``h = topk_weight * silu(gate) * up`` for the tokens that chose the expert, at the row
-  of their first pair with it (the weights of a token that names one expert twice are summed there). The
-  program of grid index 0 also writes the list of selected experts for GEMM 2.
-* GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile, token tile): it walks the list,
-  one flat loop over (expert, reduction step), gathering each token's row of h for that expert (zero where
-  the token did not choose it), so the top-k sum happens in its float32 accumulator and ``out`` is written
-  once. A pair whose expert is outside [0, E) is never computed and adds nothing.
+  program finds the selected experts from the ids (a presence vector, in expert order) and takes the one its
+  first grid index ranks; it multiplies the tile's tokens by that expert's gate and up columns and stores
+  ``h = topk_weight * silu(gate) * up`` for the tokens that chose the expert, at the row of their first pair
+  with it (the weights of a token that names one expert twice are summed there). Program 0 also writes the
+  list of selected experts and zeroes GEMM 2's arrival counters.
+* GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile, selected expert, token tile), so
+  its grid grows with the experts as GEMM 1's does: it stores its float32 product at the rows of the pairs
+  that chose its expert, then counts itself in on its (column tile, token tile); the last to arrive sums
+  each token's pairs in top-k order (a fixed order, whichever program comes last) and writes ``out``.
+  A pair whose expert is outside [0, E) is never computed and adds nothing.
 
-Weight bytes read: each selected expert's w1 and w2 once per token tile (once for M <= BLOCK_M); x and h
-stay in L2. Knobs: ``BLOCK_M`` (tokens a tile), ``BLOCK_N`` (GEMM 1's gate and up columns a program),
-``BLOCK_N_DOWN`` (GEMM 2's output columns a program), ``BLOCK_K`` (reduction depth a step) and the hints.
+Weight bytes read: each selected expert's w1 and w2 once per token tile (once for M <= BLOCK_M). Knobs:
+``BLOCK_M`` (tokens a tile), ``BLOCK_N`` (GEMM 1's gate and up columns a program), ``BLOCK_N_DOWN`` (GEMM 2's
+output columns a program), ``BLOCK_K`` (reduction depth a step) and the hints.
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ def _token_pairs(ids, j, m, e, topk, TOPK_P2: tl.constexpr):
     return first < TOPK_P2, m * topk + tl.where(first < TOPK_P2, first, 0), match
 
 
-@triton.jit(do_not_specialize=["M", "P", "E", "topk"])
-def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, M, P, E, topk, x_stride, N, K,
+@triton.jit(do_not_specialize=["M", "P", "E", "topk", "n_counts"])
+def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_counts, x_stride, N, K,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           E_P2: tl.constexpr, CHUNK: tl.constexpr, TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr,
-                           UPCAST: tl.constexpr, PDL: tl.constexpr):
+                           E_P2: tl.constexpr, CHUNK: tl.constexpr, TOPK_P2: tl.constexpr, COUNTS_P2: tl.constexpr,
+                           EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     dependent_start(PDL)
     slot = tl.program_id(0)
     experts = tl.arange(0, E_P2)
@@ -67,14 +68,15 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, M, P, E, topk, x_stride, 
     if (slot == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
         tl.store(EXPERTS, count)
         tl.store(EXPERTS + 1 + rank, experts, mask=present > 0)
+        c = tl.arange(0, COUNTS_P2)
+        tl.store(COUNTS + c, tl.zeros([COUNTS_P2], dtype=tl.int32), mask=c < n_counts)
     if slot >= count:
         return
     e = tl.sum(tl.where((present > 0) & (rank == slot), experts, 0), axis=0)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
     chosen, pair, match = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
-    tw = tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0)
-    weight = tl.sum(tw, axis=1)
+    weight = tl.sum(tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0), axis=1)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
@@ -103,27 +105,31 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, M, P, E, topk, x_stride, 
     tl.store(out, h.to(H.dtype.element_ty), mask=chosen[:, None] & col_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["M", "topk"])
-def _decode_down_kernel(H, W2, OUT, IDS, EXPERTS, M, topk, N, K,
+@triton.jit(do_not_specialize=["M", "E", "topk"])
+def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
                         PDL: tl.constexpr):
     dependent_start(PDL)  # GEMM 2 may start while GEMM 1 ends (a programmatic dependent), and waits for it here
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.program_id(1)
+    count = tl.load(EXPERTS)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < K
+    out_mask = (m < M)[:, None] & col_ok[None, :] if not EVEN_N else (m < M)[:, None]
+    out_ptr = OUT + (m.to(tl.int64) * K)[:, None] + cols[None, :]
+    if slot >= count:
+        if (slot == 0) & (count == 0):  # no pair names an expert in range: out is zero
+            tl.store(out_ptr, tl.zeros([BLOCK_M, BLOCK_N], dtype=OUT.dtype.element_ty), mask=out_mask)
+        return
+    e = tl.load(EXPERTS + 1 + slot)
     ks = tl.arange(0, BLOCK_K)
-    w_cols = (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
-    steps = tl.cdiv(N, BLOCK_K)
     tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
+    chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
+    a_ptr = H + (pair.to(tl.int64) * N)[:, None] + ks[None, :]
+    b_ptr = W2 + e.to(tl.int64) * (K * N) + (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for t in range(0, tl.load(EXPERTS) * steps):
-        i = t // steps
-        k0 = (t - i * steps) * BLOCK_K
-        e = tl.load(EXPERTS + 1 + i)
-        chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
-        a_ptr = H + (pair.to(tl.int64) * N)[:, None] + (k0 + ks)[None, :]
-        b_ptr = W2 + e.to(tl.int64) * (K * N) + w_cols + k0
+    for k0 in range(0, N, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr, mask=chosen[:, None], other=0.0)
             b = tl.load(b_ptr)
@@ -132,8 +138,24 @@ def _decode_down_kernel(H, W2, OUT, IDS, EXPERTS, M, topk, N, K,
             a = tl.load(a_ptr, mask=chosen[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a, b, acc, UPCAST)
-    mask = (m < M)[:, None] & col_ok[None, :] if not EVEN_N else (m < M)[:, None]
-    tl.store(OUT + (m.to(tl.int64) * K)[:, None] + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+        a_ptr += BLOCK_K
+        b_ptr += BLOCK_K
+    y_cols = (pair.to(tl.int64) * K)[:, None] + cols[None, :]
+    tl.store(Y + y_cols, acc, mask=chosen[:, None] & col_ok[None, :])
+    tl.debug_barrier()  # every thread's partial is stored before the program counts itself in
+    counter = COUNTS + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == count - 1:
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        row = m.to(tl.int64) * topk
+        for jj in tl.static_range(TOPK_P2):
+            ok = (m < M) & (m * 0 + jj < topk)
+            idj = tl.load(IDS + row + jj, mask=ok, other=-1)
+            keep = ok & (idj >= 0) & (idj < E)
+            for j2 in tl.static_range(jj):  # a repeated expert counts once, at its first pair
+                keep = keep & (tl.load(IDS + row + j2, mask=ok, other=-1) != idj)
+            total += tl.load(Y + ((row + jj) * K)[:, None] + cols[None, :], mask=keep[:, None] & col_ok[None, :],
+                             other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr, total.to(OUT.dtype.element_ty), mask=out_mask)
 
 
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -144,37 +166,39 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
     ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches."""
     P, dtype, device = M * topk, x.dtype, x.device
     e_p2 = max(16, routing.next_pow2(E))
-    slots, token_tiles = min(P, E), triton.cdiv(M, BLOCK_M)
+    slots, token_tiles, col_tiles = min(P, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
+    n_counts = col_tiles * token_tiles
     upcast = interpreted() and dtype == torch.bfloat16
     pdl = pdl_supported(device)
     tile_hints = hints(num_warps, num_stages, pdl=pdl)
     topk_p2 = routing.next_pow2(topk)
 
-    def buffers() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (torch.empty((P, N), dtype=dtype, device=device), torch.empty(1 + e_p2, dtype=torch.int32, device=device),
-                torch.empty((M, K), dtype=dtype, device=device))
+    def buffers() -> tuple[torch.Tensor, ...]:
+        return (torch.empty((P, N), dtype=dtype, device=device), torch.empty((P, K), dtype=torch.float32, device=device),
+                torch.empty(1 + e_p2, dtype=torch.int32, device=device),
+                torch.empty(n_counts, dtype=torch.int32, device=device), torch.empty((M, K), dtype=dtype, device=device))
 
-    h, experts, out = buffers()
+    h, y, experts, counts, out = buffers()
     ids = topk_ids.view(-1)
     gate_up = compiled_launcher(
         _decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles),
-        (x, w1, h, ids, topk_weights.view(-1), experts, M, P, E, topk, x_stride, N, K),
+        (x, w1, h, ids, topk_weights.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K),
         {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": e_p2,
-         "CHUNK": routing.chunk_size(E), "TOPK_P2": topk_p2, "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast,
-         "PDL": pdl},
+         "CHUNK": routing.chunk_size(E), "TOPK_P2": topk_p2, "COUNTS_P2": routing.next_pow2(n_counts),
+         "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast, "PDL": pdl},
         tile_hints, device)
     down = compiled_launcher(
-        _decode_down_kernel, (triton.cdiv(K, BLOCK_N_DOWN), token_tiles), (h, w2, out, ids, experts, M, topk, N, K),
+        _decode_down_kernel, (col_tiles, slots, token_tiles), (h, w2, y, out, ids, experts, counts, M, E, topk, N, K),
         {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
          "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl},
         tile_hints, device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        h, experts, out = buffers()
+        h, y, experts, counts, out = buffers()
         ids = topk_ids.view(-1)
-        gate_up(x, w1, h, ids, topk_weights.view(-1), experts, M, P, E, topk, x_stride, N, K)
-        down(h, w2, out, ids, experts, M, topk, N, K)
+        gate_up(x, w1, h, ids, topk_weights.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K)
+        down(h, w2, y, out, ids, experts, counts, M, E, topk, N, K)
         return out
 
     return run

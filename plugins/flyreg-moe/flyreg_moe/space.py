@@ -59,7 +59,7 @@ DECODE_ROWS = 64
 DECODE_DEFAULT_ROWS = 0
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = (16, 32, 64, 128)
-DECODE_N_DOWNS = (16, 32, 64)
+DECODE_N_DOWNS = (16, 32, 64, 128)
 
 
 def _next_pow2(n: int) -> int:

@@ -44,6 +44,8 @@ def test_decode_launcher_serves_new_routings_and_drops_out_of_range_pairs() -> N
     ok_ids = ids.clone()
     ok_ids[2, 1] = 0
     assert rel_err(run(x, w1, w2, tw, ids), reference(x, w1, w2, kept_tw, ok_ids)) < TOL[torch.bfloat16]
+    ids.fill_(8)  # no pair in range: no expert is multiplied and out is zero, not left unwritten
+    assert torch.equal(run(x, w1, w2, tw, ids), torch.zeros_like(x))
 
 
 @needs_triton
