@@ -2,9 +2,9 @@
 
 Each distinct GEMM binary (GEMM 1 and GEMM 2) of the shipped Triton artifacts (``--served``) or of one
 spec's pruned space (``--spec E,K,N,topk,M``) is compiled twice for compute capability ``--arch``: with
-the weight tiles by pointer loads, no tail tiles and h by pair (GEMM 2 as wide as the config makes it), and
-with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``SLOT_H``, ``BLOCK_N_DOWN=256`` or a mix such as
-``TMA,TAILS=2,SLOT_H``), as a launch on aligned bf16 tensors binds it;
+the weight tiles by pointer loads and no tail tiles (GEMM 2 as wide as the config makes it), and
+with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256`` or a mix such as
+``TMA,TAILS=2``), as a launch on aligned bf16 tensors binds it;
 the ``ptxas -v`` Triton itself uses then gives the registers and spill bytes (the counts a device reports
 for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
 
@@ -41,26 +41,22 @@ COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma":
 
 
 def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: int, tma: bool = False,
-                 tails: int = 0, slot_h: bool = False, bn_down: int | None = None) -> Any:
+                 tails: int = 0, bn_down: int | None = None) -> Any:
     """GEMM 1 (``gate_up``, SiLU fused) or GEMM 2 (``down``, ``bn_down`` columns wide where given) for this tile,
     shape and knobs, compiled for ``arch``."""
     bm, bn, bk, warps, stages = tile
     if which == "down" and bn_down:
         bn = bn_down
     w = f"tensordesc<bf16[{bn},{bk}]>" if tma else "*bf16"
-    # GEMM 2's h for a full, half and quarter tile: descriptors where h is stored by slot and read by TMA.
-    hs = ([f"tensordesc<bf16[{bm >> min(t, tails)},{bk}]>" for t in range(3)] if tma and slot_h else ["*bf16"] * 3)
     if which == "gate_up":
         fn = gk._gate_up_kernel
         types = ["*bf16", w, "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 7  # X W1 H SORTED BLOCK_EXPERT USED, ints
-        consts = {"FUSED": True, "EVEN_K": K % bk == 0, "EVEN_N": N % bn == 0}
+        consts = {"EVEN_K": K % bk == 0, "EVEN_N": N % bn == 0}
     else:
         fn = gk._down_kernel
-        types = [*hs, w, "*fp32" if partial else "*bf16", "*i32", "*i32", "*i32", "*fp32"] + ["i32"] * 7
-        types = types if "H2" in fn.arg_names else ["*bf16", *types[3:]]  # a kernel from before SLOT_H: one h
+        types = ["*bf16", w, "*fp32" if partial else "*bf16", "*i32", "*i32", "*i32", "*fp32"] + ["i32"] * 7
         consts = {"PARTIAL": partial, "EVEN_K": N % bk == 0, "EVEN_N": K % bn == 0}
-    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails,
-              "SLOT_H": slot_h}
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails}
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}  # a kernel from before a knob lacks it
     sig = dict(zip(fn.arg_names, types))
     # Pointers and the strides a launch passes divisible by 16 are specialized so, as the JIT does.
@@ -72,21 +68,19 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
 
 
 def variant(text: str) -> dict[str, Any]:
-    """``TMA``, ``TAILS=2``, ``SLOT_H``, ``BLOCK_N_DOWN=256`` or a comma-separated mix: the knobs of the compared
+    """``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256`` or a comma-separated mix: the knobs of the compared
     binaries."""
     out: dict[str, Any] = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
         if name == "TMA":
             out["tma"] = True
-        elif name == "SLOT_H":
-            out["slot_h"] = True
         elif name == "TAILS" and value in ("1", "2"):
             out["tails"] = int(value)
         elif name == "BLOCK_N_DOWN" and value.isdigit() and int(value) >= 16 and not int(value) & (int(value) - 1):
             out["bn_down"] = int(value)
         else:
-            raise argparse.ArgumentTypeError("--variant takes TMA, TAILS=1 or 2, SLOT_H and BLOCK_N_DOWN=<a power of "
+            raise argparse.ArgumentTypeError("--variant takes TMA, TAILS=1 or 2 and BLOCK_N_DOWN=<a power of "
                                              f"two >= 16>, comma-separated; got {part!r}")
     return out
 
@@ -163,7 +157,7 @@ def main() -> None:
                       help="the routing's offsets kernel, with the tile table as variant")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads, no tails, h by pair and GEMM 2 as wide as GEMM 1: TMA "
-                        "(the default), TAILS=1 or 2, SLOT_H, BLOCK_N_DOWN=256, or a mix")
+                        "(the default), TAILS=1 or 2, BLOCK_N_DOWN=256, or a mix")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)
     a = p.parse_args()

@@ -31,7 +31,7 @@ from flyreg_moe_bench.moe_bench import time_ms
 
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
 STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",
-          "_gate_up_kernel": "gemm1", "_silu_mul_kernel": "silu_mul", "_down_kernel": "gemm2",
+          "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2",
           "_reduce_kernel": "reduce"}
 
 

@@ -7,8 +7,7 @@ ordered in groups of ``GROUP_M`` row tiles per column tile, so the weight tile t
 programs share (consecutive tiles are mostly one expert) is read from L2.
 
 * GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)`` with
-  both halves accumulated in one program (``FUSED``), or, unfused, ``x[m] @ w1[e].T`` over all 2N
-  columns into a [P, 2N] buffer that :func:`_silu_mul_kernel` then reduces to h.
+  both halves accumulated in one program.
 * GEMM 2 (:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, with the reduction
   over N optionally split ``SPLIT_K`` ways (a second grid axis) into float32 partials.
 * :func:`_reduce_kernel`: ``out[m] = sum_j sum_s y_s[m * topk + j]`` over the routed pairs.
@@ -16,12 +15,6 @@ programs share (consecutive tiles are mostly one expert) is read from L2.
 With ``TMA`` the weight tiles are read by the tensor memory accelerator: ``W1`` (``W2``) is then a
 host-side tensor descriptor over w1 as [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K]
 blocks, which zero-fills what lies past the reduction's end, instead of a pointer.
-
-With ``SLOT_H`` the intermediate h is stored by slot, not by pair: GEMM 1 writes a tile's rows as one
-block of the [slots, N] buffer and GEMM 2 reads them as one, with TMA too (``H``, ``H2`` and ``H4``
-are then descriptors over h in [BLOCK_M, BLOCK_K], [BLOCK_M // 2, ...] and [BLOCK_M // 4, ...] blocks,
-one for each tile height). A padding slot of h is never written; the rows it gives GEMM 2 are never
-stored.
 
 Knobs that only change arithmetic on runtime values (GROUP_M, SPLIT_K) are runtime arguments, so
 configs that differ in them share one binary.
@@ -80,14 +73,6 @@ def _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _first_slot(pid_m, start, BLOCK_M: tl.constexpr, TABLE: tl.constexpr):
-    # The first slot of row tile pid_m: ``start`` from the tile table, else pid_m * BLOCK_M.
-    if TABLE:
-        return start
-    return pid_m * BLOCK_M
-
-
-@triton.jit
 def _tile_slots(TABLE, pid_m, tiles_m):
     # (first slot, slots) of row tile pid_m in the routing's tile table.
     return tl.load(TABLE + 1 + pid_m), tl.load(TABLE + 1 + tiles_m + pid_m)
@@ -96,55 +81,52 @@ def _tile_slots(TABLE, pid_m, tiles_m):
 # x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors.
 @triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "topk"])
 def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, topk, x_stride, N, K,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
-                    TAILS: tl.constexpr = 0, SLOT_H: tl.constexpr = False):
-    width = N if FUSED else 2 * N  # output columns
-    pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(width, BLOCK_N), group_m)
+                    TAILS: tl.constexpr = 0):
+    pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(N, BLOCK_N), group_m)
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
             return
-        _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, 0, 0, P, topk, x_stride, N, K, width,
-                      BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, False, SLOT_H)
+        _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, 0, 0, P, topk, x_stride, N, K,
+                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, UPCAST, TMA, False)
     else:
         if pid_m >= tl.load(USED):
             return
         start, rows = _tile_slots(USED, pid_m, tiles_m)
         if rows > BLOCK_M // 2:
-            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K,
+                          BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif TAILS == 1:
-            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K,
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif rows > BLOCK_M // 4:
-            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M // 2, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K,
+                          BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, UPCAST, TMA, True)
         else:
-            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                          BLOCK_M // 4, BLOCK_N, BLOCK_K, FUSED, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K,
+                          BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, UPCAST, TMA, True)
 
 
 @triton.jit
-def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K, width,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
+def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-                  TABLE: tl.constexpr, SLOT_H: tl.constexpr):
+                  TABLE: tl.constexpr):
     # GEMM 1 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n.
     pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < width
+    col_ok = cols < N
     wcols = tl.where(col_ok, cols, 0)  # in-bounds rows of w1 for masked columns
     ks = tl.arange(0, BLOCK_K)
     a_ptr = X + ((pairs // topk).to(tl.int64) * x_stride)[:, None] + ks[None, :]
-    if TMA:  # the tile's first gate (or, unfused, output) row of w1 as [E * 2N, K]
+    if TMA:  # the tile's first gate row of w1 as [E * 2N, K]
         w_row = (e * (2 * N) + pid_n * BLOCK_N).to(tl.int32)
     else:
         g_ptr = W1 + e * (2 * N * K) + (wcols.to(tl.int64) * K)[None, :] + ks[:, None]
+        u_ptr = g_ptr + N * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if FUSED:
-        if not TMA:
-            u_ptr = g_ptr + N * K
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr)
@@ -158,76 +140,60 @@ def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, 
         else:
             g = tl.load(g_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a, g, acc, UPCAST)
-        if FUSED:
-            if TMA:
-                u = W1.load([w_row + N, k0]).T
-            elif EVEN_K:
-                u = tl.load(u_ptr)
-            else:
-                u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
-            acc_u = _mma(a, u, acc_u, UPCAST)
-            if not TMA:
-                u_ptr += BLOCK_K
+        if TMA:
+            u = W1.load([w_row + N, k0]).T
+        elif EVEN_K:
+            u = tl.load(u_ptr)
+        else:
+            u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
+        acc_u = _mma(a, u, acc_u, UPCAST)
         a_ptr += BLOCK_K
         if not TMA:
             g_ptr += BLOCK_K
-    if FUSED:
-        acc = acc * tl.sigmoid(acc) * acc_u
-    h_rows = _first_slot(pid_m, start, BLOCK_M, TABLE) + tl.arange(0, BLOCK_M) if SLOT_H else pairs
-    out = H + (h_rows.to(tl.int64) * width)[:, None] + cols[None, :]
+            u_ptr += BLOCK_K
+    acc = acc * tl.sigmoid(acc) * acc_u
+    out = H + (pairs.to(tl.int64) * N)[:, None] + cols[None, :]
     mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
     tl.store(out, acc.to(H.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["P", "N"])
-def _silu_mul_kernel(GU, H, P, N, BLOCK: tl.constexpr):
-    # h[p, n] = silu(gu[p, n]) * gu[p, N + n], in float32, rounded once.
-    p = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < N
-    g = tl.load(GU + p * 2 * N + cols, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(GU + p * 2 * N + N + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(H + p * N + cols, (g * tl.sigmoid(g) * u).to(H.dtype.element_ty), mask=ok)
-
-
 @triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "split_k", "k_tiles_per_split"])
-def _down_kernel(H, H2, H4, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group_m, split_k,
+def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group_m, split_k,
                  k_tiles_per_split, N, K,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
-                 TAILS: tl.constexpr = 0, SLOT_H: tl.constexpr = False):
+                 TAILS: tl.constexpr = 0):
     # Output columns are K (x's width); the reduction runs over N. PARTIAL: float32 partials per split.
-    # H2 and H4 are h for the half and quarter tiles (the same pointer as H unless SLOT_H and TMA).
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(K, BLOCK_N), group_m)
     split = tl.program_id(1)
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
             return
         _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, 0, 0, P, k_tiles_per_split, N, K,
-                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, False, SLOT_H)
+                   BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, False)
     else:
         if pid_m >= tl.load(USED):
             return
         start, rows = _tile_slots(USED, pid_m, tiles_m)
         if rows > BLOCK_M // 2:
             _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+                       N, K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif TAILS == 1:
-            _down_tile(H2, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
         elif rows > BLOCK_M // 4:
-            _down_tile(H2, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 2, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
         else:
-            _down_tile(H4, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
-                       N, K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True, SLOT_H)
+            _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
+                       N, K, BLOCK_M // 4, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)
 
 
 @triton.jit
 def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split, N,
                K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-               TABLE: tl.constexpr, SLOT_H: tl.constexpr):
+               TABLE: tl.constexpr):
     # GEMM 2 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n, reduction split ``split``.
     pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -236,14 +202,7 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
     ks = tl.arange(0, BLOCK_K)
     k_first = split * k_tiles_per_split * BLOCK_K
     k_end = tl.minimum(N, k_first + k_tiles_per_split * BLOCK_K)
-    first = _first_slot(pid_m, start, BLOCK_M, TABLE)
-    if SLOT_H:  # the tile's slots; a padding slot reads the first slot's row (its result is never stored)
-        h_rows = tl.where(valid, first + tl.arange(0, BLOCK_M), first)
-    else:
-        h_rows = pairs
-    h_tma: tl.constexpr = SLOT_H and TMA
-    if not h_tma:
-        a_ptr = H + (h_rows.to(tl.int64) * N)[:, None] + (k_first + ks)[None, :]
+    a_ptr = H + (pairs.to(tl.int64) * N)[:, None] + (k_first + ks)[None, :]
     if TMA:  # the tile's first row of w2 as [E * K, N]
         w_row = (e * K + pid_n * BLOCK_N).to(tl.int32)
     else:
@@ -252,9 +211,7 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
     for k0 in range(k_first, k_end, BLOCK_K):
         if not EVEN_K:
             k_ok = ks < k_end - k0
-        if h_tma:  # zero-filled past N; a split's steps end on a BLOCK_K boundary or at N
-            a = H.load([first.to(tl.int32), k0])
-        elif EVEN_K:
+        if EVEN_K:
             a = tl.load(a_ptr)
         else:
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
@@ -265,8 +222,7 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
         else:
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a, b, acc, UPCAST)
-        if not h_tma:
-            a_ptr += BLOCK_K
+        a_ptr += BLOCK_K
         if not TMA:
             b_ptr += BLOCK_K
     acc = acc * tl.load(TOPK_W + pairs, mask=valid, other=0.0)[:, None]

@@ -13,8 +13,7 @@ GPU before Hopper, which has no TMA, a TMA config runs the pointer loads: ``trit
 ``TAILS`` (1 or 2) pads each expert's run to ``BLOCK_M >> TAILS`` rows instead of BLOCK_M and lets its
 last row tile multiply only the half or quarter of BLOCK_M it needs; offered where an expert gets at
 least BLOCK_M rows on average, absent means none. ``BLOCK_N_DOWN`` (256) gives GEMM 2 tiles twice as wide
-as GEMM 1's 128 columns (:func:`wide_down_fits`); absent means BLOCK_N. ``SLOT_H`` (h stored by slot) is a bind
-option of ``triton_moe`` that the spaces do not offer (1 to 4 % faster at M >= 2048 on the H200, within the noise).
+as GEMM 1's 128 columns (:func:`wide_down_fits`); absent means BLOCK_N.
 ``DECODE=True`` is the decode path (:mod:`.decode`: two launches, tokens as a tile's rows, no routing, the
 top-k sum folded into GEMM 2), offered up to :data:`DECODE_ROWS` rows (:func:`decode_configs`); absent means
 the grouped path.

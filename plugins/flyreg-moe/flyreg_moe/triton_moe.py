@@ -2,7 +2,7 @@
 
 :func:`bind_fused_moe` checks a call, sizes every grid from the shapes alone (:class:`.routing_plan.RoutingPlan`)
 and compiles the kernels; the launcher it returns allocates the call's buffers and launches six
-kernels (seven unfused), none of which waits on the host, so a CUDA graph can capture the call; with the
+kernels, none of which waits on the host, so a CUDA graph can capture the call; with the
 knob ``DECODE``, the two of :mod:`.decode` instead.
 """
 
@@ -21,30 +21,32 @@ from . import decode, routing, space
 from .checks import check_ids, check_ids_every_call, check_moe
 from .routing_plan import RoutingPlan, RoutingViews
 
-#: Columns a reduction (and an unfused SiLU-and-mul) program covers at most.
+#: Columns a reduction program covers at most.
 REDUCE_BLOCK = 1024
-#: Knobs that must be powers of two, and their smallest values (tl.dot needs 16 rows, columns and depth).
-POW2_KNOBS = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_N_DOWN": 16}
+#: The least tile size (tl.dot needs 16 rows, columns and depth).
+MIN_TILE = 16
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
-                TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None, DECODE: bool = False) -> None:
-    """ValueError naming the first knob that is not a power of two of at least 16 (tile sizes; BLOCK_N_DOWN
-    may also be None), an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, SLOT_H, DECODE), or 0, 1 or 2 with
-    BLOCK_M >> TAILS >= 16 (TAILS)."""
+                TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False) -> None:
+    """ValueError naming the first knob that is not a power of two >= 16 (tile sizes; BLOCK_N_DOWN may be None),
+    an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, DECODE), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16 (TAILS)."""
     for name, value in (("BLOCK_M", BLOCK_M), ("BLOCK_N", BLOCK_N), ("BLOCK_K", BLOCK_K),
                         ("BLOCK_N_DOWN", BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < POW2_KNOBS[name] or value & (value - 1):
-            raise ValueError(f"fused_moe: {name} must be a power of two >= {POW2_KNOBS[name]}, got {value!r}")
+        if not _int(value) or value < MIN_TILE or value & (value - 1):
+            raise ValueError(f"fused_moe: {name} must be a power of two >= {MIN_TILE}, got {value!r}")
     for name, value in (("GROUP_M", GROUP_M), ("SPLIT_K", SPLIT_K)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _int(value) or value < 1:
             raise ValueError(f"fused_moe: {name} must be an int >= 1, got {value!r}")
-    for name, flag in (("TMA", TMA), ("SLOT_H", SLOT_H), ("DECODE", DECODE)):
+    for name, flag in (("TMA", TMA), ("DECODE", DECODE)):
         if not isinstance(flag, bool):
             raise ValueError(f"fused_moe: {name} must be a bool, got {flag!r}")
-    if (isinstance(TAILS, bool) or not isinstance(TAILS, int) or TAILS not in space.TAILS
-            or BLOCK_M >> TAILS < POW2_KNOBS["BLOCK_M"]):
-        raise ValueError(f"fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= {POW2_KNOBS['BLOCK_M']}, "
+    if not _int(TAILS) or TAILS not in space.TAILS or BLOCK_M >> TAILS < MIN_TILE:
+        raise ValueError(f"fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= {MIN_TILE}, "
                          f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")
 
 
@@ -64,16 +66,6 @@ def _tma_aligned(w1: torch.Tensor, w2: torch.Tensor) -> bool:
     return (w1.data_ptr() | w2.data_ptr()) % ALIGN == 0
 
 
-def _h_descriptors(h: torch.Tensor, block_m: int, block_k: int, tails: int) -> tuple[Any, Any, Any]:
-    """Host-side tensor descriptors of h (by slot) in the blocks of a full, half and quarter row tile (a tile
-    height that ``tails`` never takes repeats the one above it)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    full = TensorDescriptor.from_tensor(h, [block_m, block_k])
-    half = TensorDescriptor.from_tensor(h, [block_m // 2, block_k]) if tails >= 1 else full
-    return full, half, (TensorDescriptor.from_tensor(h, [block_m // 4, block_k]) if tails == 2 else half)
-
-
 def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_n_down: int,
                         block_k: int) -> tuple[Any, Any]:
     """Host-side tensor descriptors of w1 as [E * 2N, K] rows in [block_n, block_k] blocks and of w2 as
@@ -87,21 +79,18 @@ def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_
 
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
-                   TMA: bool = False, TAILS: int = 0, SLOT_H: bool = False, BLOCK_N_DOWN: int | None = None,
+                   TMA: bool = False, TAILS: int = 0, BLOCK_N_DOWN: int | None = None,
                    DECODE: bool = False, num_warps: int | None = None,
-                   num_stages: int | None = None, fused_silu: bool = True) -> Callable[..., torch.Tensor]:
+                   num_stages: int | None = None) -> Callable[..., torch.Tensor]:
     """The launcher of calls shaped like this one: ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``.
 
     Checks the call (the ids' values too, unless a CUDA graph is being captured) and compiles here.
-    ``fused_silu=False`` runs GEMM 1 over all 2N columns and SiLU-and-mul as a kernel of its own.
     ``TMA``: both GEMMs read their weight tiles through tensor descriptors where :func:`.space.tma_fits`
     the shapes, the device has TMA (:func:`tma_hardware`) and this call's weights are 16-byte aligned (else
     every call takes pointer loads); a later call whose weights are not aligned takes the pointer loads,
     compiled here too.
     ``TAILS``: each expert's run is padded to ``BLOCK_M >> TAILS`` rows, not to BLOCK_M, and its last row
     tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
-    ``SLOT_H``: the intermediate h is stored by slot, so GEMM 2 reads a tile's rows as one block, by TMA
-    where the weights are; SiLU-and-mul must be fused.
     ``BLOCK_N_DOWN``: output columns of a GEMM 2 tile (default BLOCK_N), so GEMM 2 may take a wider tile
     than GEMM 1, whose BLOCK_N columns each hold a gate and an up column.
     ``DECODE``: the two launches of :mod:`.decode` (tokens as a tile's rows, no routing, the top-k sum in
@@ -110,10 +99,8 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     (:func:`.checks.check_ids_every_call`), not only the first.
     """
     M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, SLOT_H, BLOCK_N_DOWN, DECODE)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     bn_down = BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN
-    if SLOT_H and not fused_silu:
-        raise ValueError("fused_moe: SLOT_H needs SiLU-and-mul fused into GEMM 1 (fused_silu=True)")
     if not _capturing(topk_ids):
         check_ids(topk_ids, E)
     dtype, device = x.dtype, x.device
@@ -127,7 +114,6 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     P = M * topk
     plan = RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m = plan.tiles
-    width = N if fused_silu else 2 * N
     k_tiles = triton.cdiv(N, BLOCK_K)
     split = max(1, min(SPLIT_K, k_tiles))
     per_split = triton.cdiv(k_tiles, split)
@@ -137,38 +123,31 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     reduce_block = min(REDUCE_BLOCK, routing.next_pow2(K))
     upcast = interpreted() and dtype == torch.bfloat16
 
-    def buffers() -> tuple[RoutingViews, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        gu = torch.empty((plan.rows if SLOT_H else P, width), dtype=dtype, device=device)
-        h = gu if fused_silu else torch.empty((P, N), dtype=dtype, device=device)
+    def buffers() -> tuple[RoutingViews, torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = torch.empty((P, N), dtype=dtype, device=device)
         y = torch.empty((split, P, K), dtype=y_dtype, device=device)
-        return plan.workspace(device), gu, h, y, torch.empty((M, K), dtype=dtype, device=device)
+        return plan.workspace(device), h, y, torch.empty((M, K), dtype=dtype, device=device)
 
-    v, gu, h, y, out = buffers()
+    v, h, y, out = buffers()
     s_ids, b_exp, table = v.sorted_ids, v.block_expert, v.table
     ids, tw = topk_ids.view(-1), topk_weights.view(-1)
     plain = hints(num_warps=4)
     tile_hints = hints(num_warps, num_stages)
     route = plan.launcher(ids, v)
 
-    def h_views(tma: bool, h: torch.Tensor) -> tuple[Any, Any, Any]:
-        # What GEMM 2 reads h through for a full, half and quarter tile: descriptors (SLOT_H by TMA) or h.
-        return _h_descriptors(h, BLOCK_M, BLOCK_K, TAILS) if tma and SLOT_H else (h, h, h)
-
     def gemms(tma: bool, wa: Any, wb: Any) -> tuple[Callable[..., None], Callable[..., None]]:
         # GEMM 1 and GEMM 2 launchers, with weight tiles by TMA (wa, wb: descriptors) or by pointers (w1, w2).
         gate_up = compiled_launcher(
-            gk._gate_up_kernel, (tiles_m * triton.cdiv(width, BLOCK_N),),
-            (x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
-            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "FUSED": fused_silu,
-             "EVEN_K": K % BLOCK_K == 0, "EVEN_N": width % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma,
-             "TAILS": TAILS, "SLOT_H": SLOT_H},
+            gk._gate_up_kernel, (tiles_m * triton.cdiv(N, BLOCK_N),),
+            (x, wa, h, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
+            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "EVEN_K": K % BLOCK_K == 0,
+             "EVEN_N": N % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma, "TAILS": TAILS},
             tile_hints, device)
         down = compiled_launcher(
             gk._down_kernel, (tiles_m * triton.cdiv(K, bn_down), split),
-            (*h_views(tma, h), wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
+            (h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
             {"BLOCK_M": BLOCK_M, "BLOCK_N": bn_down, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
-             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % bn_down == 0, "UPCAST": upcast, "TMA": tma,
-             "TAILS": TAILS, "SLOT_H": SLOT_H},
+             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % bn_down == 0, "UPCAST": upcast, "TMA": tma, "TAILS": TAILS},
             tile_hints, device)
         return gate_up, down
 
@@ -177,14 +156,12 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     launchers = {False: gemms(False, w1, w2)}
     if tma:
         launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K))
-    silu_mul = None if fused_silu else compiled_launcher(
-        gk._silu_mul_kernel, (P, triton.cdiv(N, REDUCE_BLOCK)), (gu, h, P, N), {"BLOCK": REDUCE_BLOCK}, plain, device)
     reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), (y, ids, out, M, topk, split, E, K),
                                {"BLOCK": reduce_block}, plain, device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        v, gu, h, y, out = buffers()
+        v, h, y, out = buffers()
         s_ids, b_exp, table = v.sorted_ids, v.block_expert, v.table
         ids, tw = topk_ids.view(-1), topk_weights.view(-1)
         route(ids, v)
@@ -192,10 +169,8 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         if on:
             wa, wb = _weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K)
         gate_up, down = launchers[on]
-        gate_up(x, wa, gu, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
-        if silu_mul is not None:
-            silu_mul(gu, h, P, N)
-        down(*h_views(on, h), wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
+        gate_up(x, wa, h, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
+        down(h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
         reduce(y, ids, out, M, topk, split, E, K)
         return out
 

@@ -6,8 +6,6 @@ conftest.py) on CPU tensors at tiny shapes; tests marked ``gpu`` run the model s
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -62,15 +60,13 @@ def test_triton_kernels_match_reference(case: tuple) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_triton_unfused_silu_and_float16(dtype: torch.dtype) -> None:
+def test_triton_float16_and_bfloat16(dtype: torch.dtype) -> None:
     args = call(9, 4, 40, 48, 2, dtype=dtype, device=DEVICE, seed=2)
     ref = reference(*args)
-    for fused in (True, False):
-        out = triton_moe.fused_moe_triton(*args, **TILES[1], fused_silu=fused)
-        assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
-        # Unfused, GEMM 1's tiles run over all 2N columns of w1: its TMA rows and its tails too.
-        out = triton_moe.fused_moe_triton(*args, **{**TILES[2], "TAILS": 1}, TMA=True, fused_silu=fused)
-        assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
+    out = triton_moe.fused_moe_triton(*args, **TILES[1])
+    assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
+    out = triton_moe.fused_moe_triton(*args, **{**TILES[2], "TAILS": 1}, TMA=True)
+    assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
 
 
 @needs_triton
@@ -84,10 +80,6 @@ def test_triton_tma_weight_loads_match_reference(case: tuple) -> None:
     for knobs in TILES[:2]:
         out = triton_moe.fused_moe_triton(*args, **knobs, TMA=True, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
-    # h stored by slot: GEMM 2 reads each tile's rows as one block, by pointers and by TMA.
-    for knobs, tma in ((TILES[0], False), (TILES[1], True)):
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=True, num_warps=4)
-        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma)
 
 
 #: Pairs an expert gets, for 64-row tiles with tails: a quarter tail (69 = 64 + 5), a half tail (84),
@@ -136,18 +128,17 @@ def test_tail_tiles_of_every_size_match_reference() -> None:
     x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=13)
     args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=13).to(DEVICE))
     ref = reference(*args)
-    for tails, split, tma, slot_h in ((1, 1, False, False), (2, 2, True, False), (1, 2, False, True),
-                                      (2, 1, True, True), (2, 2, True, True)):
+    for tails, split, tma in ((1, 1, False), (2, 2, True), (1, 2, False), (2, 1, True)):
         knobs = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails}
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=slot_h, num_warps=4)
-        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma, slot_h)
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma)
 
 
 @needs_triton
 @pytest.mark.parametrize("block_n_down", [16, 64])
 def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int, monkeypatch) -> None:
     # GEMM 2 narrower (16) and wider (64: K = 96 fills 32-wide tiles but not 64-wide ones, so its last column
-    # tile is masked) than GEMM 1's 32 columns, with tails, TMA, h by slot and a split GEMM 2.
+    # tile is masked) than GEMM 1's 32 columns, with tails, TMA and a split GEMM 2.
     import triton
 
     from flyreg_moe import gemm_kernels
@@ -160,13 +151,12 @@ def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int, monk
     x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=15)
     args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=15).to(DEVICE))
     ref = reference(*args)
-    for tails, split, tma, slot_h in ((0, 1, False, False), (2, 2, True, False), (1, 1, True, True),
-                                      (2, 2, False, True)):
+    for tails, split, tma in ((0, 1, False), (2, 2, True), (1, 1, True), (2, 2, False)):
         knobs = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails,
                  "BLOCK_N_DOWN": block_n_down}
         launches.clear()
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=slot_h, num_warps=4)
-        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma, slot_h)
+        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, num_warps=4)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma)
         ups = [(grid, consts) for kernel, grid, consts in launches if kernel is gemm_kernels._gate_up_kernel]
         downs = [(grid, consts) for kernel, grid, consts in launches if kernel is gemm_kernels._down_kernel]
         assert ups and downs and all(c["BLOCK_N"] == 32 for _, c in ups)
@@ -174,20 +164,6 @@ def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int, monk
         for grid, consts in downs:  # GEMM 2 tiled by its own width
             assert consts["BLOCK_N"] == block_n_down and consts["EVEN_N"] is (K % block_n_down == 0)
             assert grid[0] == tiles_m * triton.cdiv(K, block_n_down)
-
-
-@needs_triton
-def test_slot_h_tiles_that_reach_past_the_last_slot_match_reference() -> None:
-    # Four experts of 33 pairs in 64-row tiles with quarter tails: 192 slots, and the last full-height tile
-    # (48 of its 64 slots used) reaches 16 rows past h's end, which TMA zero-fills and the pointers clamp.
-    counts, topk, N, K = [33, 33, 33, 33], 1, 24, 32
-    x, w1, w2, tw, _ = call(sum(counts), len(counts), N, K, topk, device=DEVICE, seed=14)
-    args = (x, w1, w2, tw, _routed(counts, topk, seed=14).to(DEVICE))
-    ref = reference(*args)
-    for tma, split in itertools.product((False, True), (1, 2)):
-        knobs = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": 2}
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, SLOT_H=True, num_warps=4)
-        assert rel_err(out, ref) < TOL[torch.bfloat16], (tma, split)
 
 
 def _off_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -210,11 +186,11 @@ def test_tma_launcher_serves_weights_that_tma_cannot_read(monkeypatch) -> None:
     x, w1, w2, tw, ids = aligned
     shifted = (x, _off_16_bytes(w1), _off_16_bytes(w2), tw, ids)
     assert shifted[1].data_ptr() % 16 and shifted[2].data_ptr() % 16
-    for (first, then), slot_h in itertools.product(((aligned, shifted), (shifted, aligned)), (False, True)):
+    for first, then in ((aligned, shifted), (shifted, aligned)):
         made.clear()
-        run = triton_moe.bind_fused_moe(*first, **TILES[1], TMA=True, SLOT_H=slot_h)
+        run = triton_moe.bind_fused_moe(*first, **TILES[1], TMA=True)
         for args in (first, then, first):
-            assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16], slot_h
+            assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16]
         assert made == ([w1.data_ptr()] * 3 if first is aligned else [])  # the bind, then the two aligned calls
 
 
@@ -226,9 +202,8 @@ def test_tma_configs_take_pointer_loads_where_the_device_has_no_tma(monkeypatch)
     monkeypatch.setattr(triton_moe, "tma_hardware", lambda device: False)
     monkeypatch.setattr(triton_moe, "_weight_descriptors", lambda *a: made.append(a) or pytest.fail("descriptor"))
     args = call(7, 8, 48, 40, 2, device=DEVICE, seed=12)
-    for slot_h in (False, True):
-        run = triton_moe.bind_fused_moe(*args, **TILES[1], TMA=True, SLOT_H=slot_h)
-        assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16] and made == []
+    run = triton_moe.bind_fused_moe(*args, **TILES[1], TMA=True)
+    assert rel_err(run(*args), reference(*args)) < TOL[torch.bfloat16] and made == []
 
 
 @pytest.mark.parametrize(("capability", "has_tma"), [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)])
@@ -267,10 +242,6 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[0], "SPLIT_K": 0})
     with pytest.raises(ValueError, match="TMA must be a bool, got 1"):
         triton_moe.bind_fused_moe(*args, **TILES[0], TMA=1)
-    with pytest.raises(ValueError, match="SLOT_H must be a bool, got 'yes'"):
-        triton_moe.bind_fused_moe(*args, **TILES[0], SLOT_H="yes")
-    with pytest.raises(ValueError, match="SLOT_H needs SiLU-and-mul fused"):
-        triton_moe.bind_fused_moe(*args, **TILES[0], SLOT_H=True, fused_silu=False)
     for bad in (24, 8, True, "64"):
         with pytest.raises(ValueError, match=f"BLOCK_N_DOWN must be a power of two >= 16, got {bad!r}"):
             triton_moe.bind_fused_moe(*args, **TILES[0], BLOCK_N_DOWN=bad)
@@ -343,12 +314,11 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     args = _gpu_call(M, MODEL[model])
     ref = cpu.fused_moe_reference(*args)
-    for bm, warps, tails, tma, slot_h, split in ((128, 8, 2, False, False, 1), (128, 8, 1, True, False, 1),
-                                                 (64, 4, 2, True, False, 1), (128, 8, 2, True, True, 1),
-                                                 (128, 8, 1, True, True, 2), (64, 4, 0, True, True, 1),
-                                                 (64, 4, 0, False, True, 2)):
+    for bm, warps, tails, tma, split in ((128, 8, 2, False, 1), (128, 8, 1, True, 1), (64, 4, 2, True, 1),
+                                         (128, 8, 2, True, 1), (128, 8, 1, True, 2), (64, 4, 0, True, 1),
+                                         (64, 4, 0, False, 2)):
         knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": split, "TAILS": tails,
-                 "TMA": tma, "SLOT_H": slot_h}
+                 "TMA": tma}
         for down in (None, 256) if bm == 128 and tails == 2 else (None,):  # GEMM 2 as wide as GEMM 1, and twice
             out = triton_moe.fused_moe_triton(*args, **knobs, BLOCK_N_DOWN=down, num_warps=warps, num_stages=3)
             assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, down)
@@ -356,11 +326,11 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
 
 @gpu
 @needs_cuda
-def test_gpu_unfused_and_graph_capture() -> None:
+def test_gpu_graph_capture() -> None:
     args = _gpu_call(33, MODEL["DeepSeek-V2-Lite"])
     ref = cpu.fused_moe_reference(*args)
     config = Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 2}, num_warps=4)
-    run = triton_moe.bind_fused_moe(*args, **config.kwargs, **config.hints, fused_silu=False)
+    run = triton_moe.bind_fused_moe(*args, **config.kwargs, **config.hints)
     assert rel_err(run(*args), ref) < TOL[torch.bfloat16]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
