@@ -1,23 +1,15 @@
 """Config spaces and no-search defaults of the fused MoE.
 
-A spec is ``{"E", "N", "K", "topk", "M": m_bucket(rows), "dtype", "backend"}``. Triton knobs:
-``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output columns of a tile in
-both GEMMs, GEMM 2's unless ``BLOCK_N_DOWN`` is set; GEMM 1 computes that many gate and as many up
-columns), ``BLOCK_K`` (reduction depth a
-step), ``GROUP_M`` (row tiles a group of programs walks per column tile) and ``SPLIT_K`` (ways
-GEMM 2's reduction over N is split, float32 partials summed by the top-k reduction), with the hints
-``num_warps`` and ``num_stages``. ``TMA=True`` has both GEMMs read their weight tiles through tensor
-descriptors (the tensor memory accelerator) instead of pointer loads; a config without the knob uses
-pointer loads (as every config did before it), and it is offered where :func:`tma_fits` the shapes (on a
-GPU before Hopper, which has no TMA, a TMA config runs the pointer loads: ``triton_moe.tma_hardware``).
-``TAILS`` (1 or 2) pads each expert's run to ``BLOCK_M >> TAILS`` rows instead of BLOCK_M and lets its
-last row tile multiply only the half or quarter of BLOCK_M it needs; offered where an expert gets at
-least BLOCK_M rows on average, absent means none. ``BLOCK_N_DOWN`` (256) gives GEMM 2 tiles twice as wide
-as GEMM 1's 128 columns (:func:`wide_down_fits`); absent means BLOCK_N.
-``DECODE=True`` is the decode path (:mod:`.decode`: two launches, tokens as a tile's rows, no routing, the
-top-k sum folded into GEMM 2), offered up to :data:`DECODE_ROWS` rows (:func:`decode_configs`); absent means
-the grouped path.
-CPU knob: ``EXPERT_GROUP`` (see :mod:`.cpu`).
+A spec is ``{"E", "N", "K", "topk", "M": m_bucket(rows), "dtype", "backend"}``. Triton knobs: ``BLOCK_M`` (rows
+of a tile, also the routing's alignment), ``BLOCK_N`` (output columns of a tile: GEMM 1 computes as many gate and
+as many up columns), ``BLOCK_K`` (reduction depth a step), ``GROUP_M`` (row tiles a group of programs walks per
+column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split) and the hints ``num_warps`` and
+``num_stages``. Optional knobs, absent meaning off: ``TMA=True`` (both GEMMs read weight tiles through tensor
+descriptors; offered where :func:`tma_fits`, and a GPU before Hopper runs the pointer loads), ``TAILS`` (1 or 2:
+each expert's run padded to ``BLOCK_M >> TAILS`` rows, its last tile that high; offered where :func:`tails_fit`),
+``BLOCK_N_DOWN`` (256: GEMM 2 tiles twice as wide as GEMM 1's 128 columns, where :func:`wide_down_fits`) and
+``DECODE=True`` (:mod:`.decode`: two launches, tokens as a tile's rows, offered up to :data:`DECODE_ROWS` rows by
+:func:`decode_configs`). CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`).
 """
 
 from __future__ import annotations
@@ -40,6 +32,8 @@ WARPS = (4, 8)
 STAGES = (2, 3, 4, 5)
 #: Halvings of BLOCK_M an expert's last row tile may take (0: none).
 TAILS = (0, 1, 2)
+#: GEMM 2's output columns a tile may take beside GEMM 1's BLOCK_N = 128.
+WIDE_DOWN = 256
 
 #: Shared memory a program may use on the H200 (227 KiB a block), less room for the epilogue.
 SMEM_BYTES = 227 * 1024 - 8 * 1024
@@ -49,6 +43,12 @@ MAX_ACC_PER_THREAD = 128
 SPLIT_ROWS = 64
 #: Multiprocessors of the H200: the default splits GEMM 2 until its programs fill them once.
 SMS = 132
+#: The default's tiles, the first whose rows an expert gets bound r: (rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
+#: num_stages, most GROUP_M, most TAILS). From a menu timed on every shipped workload on the H200 (``moe_menu.py``
+#: and ``moe_knob_ab.py`` under the tag ``lab-archive-2026-12``; docs/decisions.md); above 8 rows grouped (weights
+#: read once from L2: ungrouped tiles read 1.15x slower at Mixtral M = 64).
+DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
+                 (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 DECODE_ROWS = 64
 #: Rows up to which the default takes the decode path: none yet. Timed eagerly on an H100 (2026-12-06,
@@ -61,29 +61,19 @@ DECODE_NS = (16, 32, 64, 128)
 DECODE_N_DOWNS = (16, 32, 64, 128)
 
 
+
 def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
 def m_bucket(M: int) -> int:
     """The smallest bucket of :data:`M_BUCKETS` at least M; the largest for more rows."""
-    for b in M_BUCKETS:
-        if M <= b:
-            return b
-    return M_BUCKETS[-1]
-
-
-def _int(spec: Mapping[str, Any], name: str, least: int) -> int:
-    v = spec.get(name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-        raise ValueError(f"fused_moe spec[{name!r}] must be an int >= {least}, got {v!r}")
-    return v
+    return next((b for b in M_BUCKETS if M <= b), M_BUCKETS[-1])
 
 
 def shape(spec: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
-    """``(M, E, N, K, topk)`` of a spec, validated."""
-    return (max(1, _int(spec, "M", 0)), _int(spec, "E", 1), _int(spec, "N", 1), _int(spec, "K", 1),
-            _int(spec, "topk", 1))
+    """``(M, E, N, K, topk)`` of a spec whose axes the registry has checked (M = 0 counts as 1)."""
+    return max(1, int(spec["M"])), int(spec["E"]), int(spec["N"]), int(spec["K"]), int(spec["topk"])
 
 
 def rows_per_expert(spec: Mapping[str, Any]) -> int:
@@ -104,10 +94,6 @@ def tails_fit(r: int, bm: int, tails: int) -> bool:
     return tails == 0 or (r >= bm and bm >> tails >= BLOCK_MS[0])
 
 
-#: GEMM 2's output columns a tile may take beside GEMM 1's BLOCK_N = 128.
-WIDE_DOWN = 256
-
-
 def wide_down_fits(bm: int, bn: int, bk: int, warps: int, stages: int, K: int) -> bool:
     """Whether GEMM 2 may take :data:`WIDE_DOWN` output columns under a GEMM 1 tile of ``bn`` = 128 columns: K
     spans such a tile, and its accumulator and pipeline fit the registers and shared memory."""
@@ -121,9 +107,7 @@ def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
 
 
 def _tile_ok(bm: int, bn: int, bk: int, warps: int, stages: int, max_bm: int) -> bool:
-    if bm > max_bm or _smem(bm, bn, bk, stages) > SMEM_BYTES:
-        return False
-    if 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
+    if bm > max_bm or _smem(bm, bn, bk, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
         return False
     return warps == 4 or bm * bn >= 4096  # 8 warps only with 16 or more accumulator rows a warp
 
@@ -133,6 +117,15 @@ def _groups(spec: Mapping[str, Any]) -> list[int]:
     M, E, _, _, topk = shape(spec)
     tiles_m = min(E, M * topk) * -(-rows_per_expert(spec) // BLOCK_MS[0])
     return [g for g in GROUP_MS if g == 1 or g < tiles_m]
+
+
+def _config(bm: int, bn: int, bk: int, group: int, split: int, tma: bool, tails: int, down: int | None,
+            warps: int, stages: int) -> Config:
+    """A grouped-path config, its optional knobs present only where on."""
+    knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
+             **({"TMA": True} if tma else {}), **({"TAILS": tails} if tails else {}),
+             **({"BLOCK_N_DOWN": down} if down else {})}
+    return Config(knobs, num_warps=warps, num_stages=stages)
 
 
 def decode_block_m(M: int) -> int:
@@ -180,79 +173,45 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
         if not _tile_ok(bm, bn, bk, warps, stages, max_bm):
             continue
-        k_tiles = -(-N // bk)
-        splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and k_tiles >= 2 * s)]
+        splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and -(-N // bk) >= 2 * s)]
         tails = [t for t in TAILS if tails_fit(r, bm, t)]
         downs = (None, WIDE_DOWN) if wide_down_fits(bm, bn, bk, warps, stages, K) else (None,)
-        for g, s, tma, tail, down in itertools.product(groups, splits, tmas, tails, downs):
-            knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s,
-                     **({"TMA": True} if tma else {}), **({"TAILS": tail} if tail else {}),
-                     **({"BLOCK_N_DOWN": down} if down else {})}
-            out.append(Config(knobs, num_warps=warps, num_stages=stages))
+        out += [_config(bm, bn, bk, g, s, tma, tail, down, warps, stages)
+                for g, s, tma, tail, down in itertools.product(groups, splits, tmas, tails, downs)]
     return out + decode_configs(spec)
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (a member of :func:`triton_configs`), from the rows an expert gets (r) and K.
-
-    Chosen from a fixed menu of tiles timed on every shipped workload on the H200
-    (``moe_menu.py`` and ``moe_knob_ab.py`` under the tag ``lab-archive-2026-12``; docs/decisions.md):
-
-    * r <= 16 (decode): 16 x 128 tiles, 128 deep, 4 warps, 3 stages, GEMM 2 split as
-      :func:`default_split` says; above 8 rows, groups of up to 16 (the tuned configs of every
-      r = 12 to 16 workload group their row tiles; at Mixtral M = 64 ungrouped tiles read 1.15x slower);
-    * r <= 32: 32 x 128 tiles, 128 deep, 4 warps, 2 stages, groups of up to 4, half tails;
-    * r <= 64: 64 x 128 tiles, 64 deep, 4 warps, 4 stages, groups of up to 16, quarter tails;
-    * else: 128 x 128 tiles, 64 deep, 8 warps, 4 stages, groups of up to 8, quarter tails, GEMM 2 tiles
-      256 wide where :func:`wide_down_fits` (``moe_knob_ab.py --set BLOCK_N_DOWN=256`` on all four shapes at
-      M >= 2048: 0.90 to 0.95 of the time of the same config with 128-wide GEMM 2 tiles).
-
-    Above 16 rows an expert the weights are read by TMA where :func:`tma_fits`, and tails are taken where
-    :func:`tails_fit`. On the menu at 24 to 128 rows an expert these are within 2 % of the
-    menu's best in 9 of 9 cells; the tiles they replaced (32 x 128 x 64 without tails, 64 x 256 below
-    N = 2048) read up to 1.17x slower. (``moe_knob_ab.py`` at M >= 1024 on Mixtral and gpt-oss:
-    TMA 1 to 10 % faster, quarter tails 1 to 19 % up to M = 4096.)
-
-    Up to :data:`DECODE_DEFAULT_ROWS` rows (none yet): the decode path (:func:`decode_default`).
-    """
+    """Heuristic config (a member of :func:`triton_configs`): the tile of :data:`DEFAULT_TILES` for the rows an
+    expert gets (r), GEMM 2 split as :func:`default_split` says; above 16 rows the weights read by TMA where
+    :func:`tma_fits` (1 to 10 % faster) and tails where :func:`tails_fit` (quarter tails 1 to 19 % faster up to
+    M = 4096); the 128-row tile's GEMM 2 256 wide where :func:`wide_down_fits` (0.90 to 0.95 of the time of
+    128-wide ones at M >= 2048). At 24 to 128 rows an expert these are within 2 % of the menu's best in 9 of 9
+    cells. Up to :data:`DECODE_DEFAULT_ROWS` rows (none yet): the decode path (:func:`decode_default`)."""
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:
         return decode_default(spec)
     r = rows_per_expert(spec)
-    if r <= 8:
-        bm, bn, bk, warps, stages, group, tails = 16, 128, 128, 4, 3, 1, 0
-    elif r <= 16:  # some experts get more than one row tile: grouped, they read their weights once from L2
-        bm, bn, bk, warps, stages, group, tails = 16, 128, 128, 4, 3, 16, 0
-    elif r <= 32:
-        bm, bn, bk, warps, stages, group, tails = 32, 128, 128, 4, 2, 4, 1
-    elif r <= 64:
-        bm, bn, bk, warps, stages, group, tails = 64, 128, 64, 4, 4, 16, 2
-    else:
-        bm, bn, bk, warps, stages, group, tails = 128, 128, 64, 8, 4, 8, 2
+    _, bm, bn, bk, warps, stages, group, tails = next(t for t in DEFAULT_TILES if r <= t[0])
     bm = min(bm, max(BLOCK_MS[0], _next_pow2(r)))
     group = max(g for g in _groups(spec) if g <= group)
     tma = r > 16 and tma_fits(E, N, K)
     tails = max(t for t in TAILS if t <= tails and tails_fit(r, bm, t))
     down = WIDE_DOWN if bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K) else None
     split = default_split(spec, bm, bn, bk, down)
-    knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
-             **({"TMA": True} if tma else {}), **({"TAILS": tails} if tails else {}),
-             **({"BLOCK_N_DOWN": down} if down else {})}
-    return Config(knobs, num_warps=warps, num_stages=stages)
+    return _config(bm, bn, bk, group, split, tma, tails, down, warps, stages)
 
 
 def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int, bn_down: int | None = None) -> int:
-    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` x ``bk`` tile (GEMM 2 ``bn_down`` wide
-    where given): while an expert gets
-    at most :data:`SPLIT_ROWS` rows, doubled until GEMM 2's programs fill the SMs once (each way keeping
-    at least 4 reduction steps); else 1."""
+    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` x ``bk`` tile (GEMM 2 ``bn_down``
+    wide where given): while an expert gets at most :data:`SPLIT_ROWS` rows, doubled until GEMM 2's programs
+    fill the SMs once (each way keeping at least 4 reduction steps); else 1."""
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     split = 1
     if r <= SPLIT_ROWS:
         programs = min(E, M * topk) * -(-r // bm) * -(-K // (bn_down or bn))  # GEMM 2's row tiles x column tiles
-        k_tiles = -(-N // bk)
-        while split < SPLIT_KS[-1] and programs * split < SMS and k_tiles >= 4 * 2 * split:
+        while split < SPLIT_KS[-1] and programs * split < SMS and -(-N // bk) >= 4 * 2 * split:
             split *= 2
     return split
 
@@ -263,13 +222,11 @@ CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
     """Candidate CPU configs: EXPERT_GROUP from 1 to E."""
-    _, E, _, _, _ = shape(spec)
-    groups = sorted({g for g in CPU_GROUPS if g < E} | {E})
-    return [Config({"EXPERT_GROUP": g}) for g in groups]
+    E = shape(spec)[1]
+    return [Config({"EXPERT_GROUP": g}) for g in sorted({g for g in CPU_GROUPS if g < E} | {E})]
 
 
 def cpu_default(spec: Mapping[str, Any]) -> Config:
     """Heuristic CPU config: every expert in one step while experts get few rows (dispatch
     dominates), one expert a step once they get many (padding would dominate)."""
-    _, E, _, _, _ = shape(spec)
-    return Config({"EXPERT_GROUP": E if rows_per_expert(spec) <= 8 else 1})
+    return Config({"EXPERT_GROUP": shape(spec)[1] if rows_per_expert(spec) <= 8 else 1})
