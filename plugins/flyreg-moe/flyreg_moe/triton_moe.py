@@ -1,10 +1,7 @@
-"""The fused MoE on the GPU: routing, GEMM 1, GEMM 2 and the top-k reduction, bound once per call signature.
-
-:func:`bind_fused_moe` checks a call, sizes every grid from the shapes alone (:class:`.routing_plan.RoutingPlan`)
-and compiles the kernels; the launcher it returns allocates the call's buffers and launches six
-kernels, none of which waits on the host, so a CUDA graph can capture the call; with the
-knob ``DECODE``, the two of :mod:`.decode` instead.
-"""
+"""The fused MoE on the GPU, bound once per call signature: :func:`bind_fused_moe` checks a call, sizes every grid
+from the shapes alone (:class:`.routing_plan.RoutingPlan`) and compiles the kernels; its launcher allocates the
+call's buffers and launches six kernels (three of routing, GEMM 1, GEMM 2, the top-k reduction), none of which
+waits on the host, so a CUDA graph can capture the call; with the knob ``DECODE``, the two of :mod:`.decode`."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted
 from . import gemm_kernels as gk
 from . import decode, routing, space
 from .checks import check_ids, check_ids_every_call, check_moe
-from .routing_plan import RoutingPlan, RoutingViews
+from .routing_plan import RoutingPlan
 
 #: Columns a reduction program covers at most.
 REDUCE_BLOCK = 1024
@@ -82,22 +79,12 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                    TMA: bool = False, TAILS: int = 0, BLOCK_N_DOWN: int | None = None,
                    DECODE: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None) -> Callable[..., torch.Tensor]:
-    """The launcher of calls shaped like this one: ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``.
-
-    Checks the call (the ids' values too, unless a CUDA graph is being captured) and compiles here.
-    ``TMA``: both GEMMs read their weight tiles through tensor descriptors where :func:`.space.tma_fits`
-    the shapes, the device has TMA (:func:`tma_hardware`) and this call's weights are 16-byte aligned (else
-    every call takes pointer loads); a later call whose weights are not aligned takes the pointer loads,
-    compiled here too.
-    ``TAILS``: each expert's run is padded to ``BLOCK_M >> TAILS`` rows, not to BLOCK_M, and its last row
-    tile, holding what is left of the run, multiplies only the half or quarter of BLOCK_M that covers it.
-    ``BLOCK_N_DOWN``: output columns of a GEMM 2 tile (default BLOCK_N), so GEMM 2 may take a wider tile
-    than GEMM 1, whose BLOCK_N columns each hold a gate and an up column.
-    ``DECODE``: the two launches of :mod:`.decode` (tokens as a tile's rows, no routing, the top-k sum in
-    GEMM 2), with BLOCK_M, BLOCK_N, BLOCK_N_DOWN and BLOCK_K; the other knobs are checked and unused.
-    With ``FLYREG_MOE_CHECK_IDS=1`` every call outside graph capture checks the ids' values
-    (:func:`.checks.check_ids_every_call`), not only the first.
-    """
+    """The launcher of calls shaped like this one, ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, with
+    the knobs :mod:`.space` describes, checked and compiled here. The ids' values are checked here outside CUDA-graph
+    capture, and on every such call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.check_ids_every_call`).
+    ``TMA`` reads the weight tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has TMA
+    (:func:`tma_hardware`) and a call's weights are 16-byte aligned (the others take pointer loads, compiled here
+    too). ``DECODE`` takes BLOCK_M, BLOCK_N, BLOCK_N_DOWN and BLOCK_K; the other knobs are checked and unused."""
     M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     bn_down = BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN
@@ -113,66 +100,56 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         return _checked(run, E) if check_ids_every_call() else run
     P = M * topk
     plan = RoutingPlan.of(P, E, BLOCK_M, TAILS)
-    tiles_m = plan.tiles
-    k_tiles = triton.cdiv(N, BLOCK_K)
-    split = max(1, min(SPLIT_K, k_tiles))
-    per_split = triton.cdiv(k_tiles, split)
+    tiles_m, k_tiles = plan.tiles, triton.cdiv(N, BLOCK_K)
+    per_split = triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))
     split = triton.cdiv(k_tiles, per_split)  # no split left without work
-    partial = split > 1
-    y_dtype = torch.float32 if partial else dtype
     reduce_block = min(REDUCE_BLOCK, routing.next_pow2(K))
-    upcast = interpreted() and dtype == torch.bfloat16
-
-    def buffers() -> tuple[RoutingViews, torch.Tensor, torch.Tensor, torch.Tensor]:
-        h = torch.empty((P, N), dtype=dtype, device=device)
-        y = torch.empty((split, P, K), dtype=y_dtype, device=device)
-        return plan.workspace(device), h, y, torch.empty((M, K), dtype=dtype, device=device)
-
-    v, h, y, out = buffers()
-    s_ids, b_exp, table = v.sorted_ids, v.block_expert, v.table
-    ids, tw = topk_ids.view(-1), topk_weights.view(-1)
-    plain = hints(num_warps=4)
+    consts = {"BLOCK_M": BLOCK_M, "BLOCK_K": BLOCK_K, "UPCAST": interpreted() and dtype == torch.bfloat16,
+              "TAILS": TAILS}
     tile_hints = hints(num_warps, num_stages)
-    route = plan.launcher(ids, v)
+
+    def launch_args(x: torch.Tensor, wa: Any, wb: Any, tw: torch.Tensor,
+                    ids: torch.Tensor) -> tuple[tuple[Any, ...], ...]:
+        # A call's fresh buffers, as the arguments of the routing, GEMM 1 (weights wa), GEMM 2 (wb) and the reduction.
+        v, ids = plan.workspace(device), ids.view(-1)
+        h = torch.empty((P, N), dtype=dtype, device=device)
+        y = torch.empty((split, P, K), dtype=torch.float32 if split > 1 else dtype, device=device)
+        out = torch.empty((M, K), dtype=dtype, device=device)
+        return ((ids, v), (x, wa, h, v.sorted_ids, v.block_expert, v.table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
+                (h, wb, y, v.sorted_ids, v.block_expert, v.table, tw.view(-1), P, tiles_m, GROUP_M, split, per_split,
+                 N, K), (y, ids, out, M, topk, split, E, K))
+
+    routed, up, down, reduced = launch_args(x, w1, w2, topk_weights, topk_ids)
+    route = plan.launcher(*routed)
 
     def gemms(tma: bool, wa: Any, wb: Any) -> tuple[Callable[..., None], Callable[..., None]]:
         # GEMM 1 and GEMM 2 launchers, with weight tiles by TMA (wa, wb: descriptors) or by pointers (w1, w2).
-        gate_up = compiled_launcher(
-            gk._gate_up_kernel, (tiles_m * triton.cdiv(N, BLOCK_N),),
-            (x, wa, h, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
-            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "EVEN_K": K % BLOCK_K == 0,
-             "EVEN_N": N % BLOCK_N == 0, "UPCAST": upcast, "TMA": tma, "TAILS": TAILS},
-            tile_hints, device)
-        down = compiled_launcher(
-            gk._down_kernel, (tiles_m * triton.cdiv(K, bn_down), split),
-            (h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K),
-            {"BLOCK_M": BLOCK_M, "BLOCK_N": bn_down, "BLOCK_K": BLOCK_K, "PARTIAL": partial,
-             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % bn_down == 0, "UPCAST": upcast, "TMA": tma, "TAILS": TAILS},
-            tile_hints, device)
-        return gate_up, down
+        return (compiled_launcher(gk._gate_up_kernel, (tiles_m * triton.cdiv(N, BLOCK_N),), (x, wa, *up[2:]),
+                                  {**consts, "BLOCK_N": BLOCK_N, "EVEN_K": K % BLOCK_K == 0,
+                                   "EVEN_N": N % BLOCK_N == 0, "TMA": tma}, tile_hints, device),
+                compiled_launcher(gk._down_kernel, (tiles_m * triton.cdiv(K, bn_down), split), (down[0], wb, *down[2:]),
+                                  {**consts, "BLOCK_N": bn_down, "PARTIAL": split > 1, "EVEN_K": N % BLOCK_K == 0,
+                                   "EVEN_N": K % bn_down == 0, "TMA": tma}, tile_hints, device))
 
     tma = TMA and space.tma_fits(E, N, K, x.element_size()) and tma_hardware(device) and _tma_aligned(w1, w2)
     # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
     launchers = {False: gemms(False, w1, w2)}
     if tma:
         launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K))
-    reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), (y, ids, out, M, topk, split, E, K),
-                               {"BLOCK": reduce_block}, plain, device)
+    reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), reduced, {"BLOCK": reduce_block},
+                               hints(num_warps=4), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        v, h, y, out = buffers()
-        s_ids, b_exp, table = v.sorted_ids, v.block_expert, v.table
-        ids, tw = topk_ids.view(-1), topk_weights.view(-1)
-        route(ids, v)
-        wa, wb, on = w1, w2, tma and _tma_aligned(w1, w2)
-        if on:
-            wa, wb = _weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K)
-        gate_up, down = launchers[on]
-        gate_up(x, wa, h, s_ids, b_exp, table, P, tiles_m, GROUP_M, topk, x_stride, N, K)
-        down(h, wb, y, s_ids, b_exp, table, tw, P, tiles_m, GROUP_M, split, per_split, N, K)
-        reduce(y, ids, out, M, topk, split, E, K)
-        return out
+        on = tma and _tma_aligned(w1, w2)
+        weights = _weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K) if on else (w1, w2)
+        routed, up, down, reduced = launch_args(x, *weights, topk_weights, topk_ids)
+        gate_up_kernel, down_kernel = launchers[on]
+        route(*routed)
+        gate_up_kernel(*up)
+        down_kernel(*down)
+        reduce(*reduced)
+        return reduced[2]
 
     return _checked(run, E) if check_ids_every_call() else run
 
