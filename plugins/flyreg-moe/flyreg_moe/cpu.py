@@ -1,15 +1,14 @@
 """The fused MoE in plain torch (the CPU backend), and the float32 reference.
 
-Knob ``EXPERT_GROUP``: experts computed per step. A step gathers the rows routed to each of its
-experts, pads them to the step's longest run and runs both GEMMs as batched matmuls (``bmm``).
-One expert a step pays Python and dispatch overhead E times but pads nothing; all experts in one
-step pay one dispatch but compute every expert at the longest run's length. Semantics match the
-Triton backend: both GEMMs accumulate the dtype's values in float32, SiLU-and-mul is rounded once to
-x's dtype, each pair's result is scaled by its routing weight and the top-k results are summed in
-float32 (this path computes in float32 throughout, where bf16 matmuls on a CPU are slow).
+Knob ``EXPERT_GROUP``: experts computed per step, each step's runs of rows padded to its longest and both GEMMs
+run as batched matmuls (one expert a step pads nothing but dispatches E times). As on Triton, the GEMMs
+accumulate in float32, SiLU-and-mul is rounded once to x's dtype and the weighted top-k results are summed in
+float32 (here everything is computed in float32, where bf16 matmuls on a CPU are slow).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -17,17 +16,13 @@ import torch.nn.functional as F
 from .checks import check_ids, check_moe
 
 
-def _check_group(EXPERT_GROUP: int) -> None:
-    if isinstance(EXPERT_GROUP, bool) or not isinstance(EXPERT_GROUP, int) or EXPERT_GROUP < 1:
-        raise ValueError(f"fused_moe: EXPERT_GROUP must be a positive int, got {EXPERT_GROUP!r}")
-
-
 @torch.no_grad()
 def fused_moe_cpu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, *, EXPERT_GROUP: int) -> torch.Tensor:
     """``out[m] = sum_j topk_weights[m, j] * w2[e] @ (silu(w1[e, :N] @ x[m]) * (w1[e, N:] @ x[m]))``, e = topk_ids[m, j]."""
     M, K, N, E, topk, _ = check_moe(x, w1, w2, topk_weights, topk_ids)
-    _check_group(EXPERT_GROUP)
+    if isinstance(EXPERT_GROUP, bool) or not isinstance(EXPERT_GROUP, int) or EXPERT_GROUP < 1:
+        raise ValueError(f"fused_moe: EXPERT_GROUP must be a positive int, got {EXPERT_GROUP!r}")
     check_ids(topk_ids, E)
     acc = torch.zeros((M, K), dtype=torch.float32, device=x.device)
     if M == 0:
@@ -35,9 +30,7 @@ def fused_moe_cpu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weig
     experts = topk_ids.reshape(-1).long()
     order = torch.argsort(experts, stable=True)  # pairs grouped by expert
     counts = torch.bincount(experts, minlength=E).tolist()
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + c)
+    starts = [0, *itertools.accumulate(counts)]
     weights = topk_weights.reshape(-1)
     for g0 in range(0, E, EXPERT_GROUP):
         group = [e for e in range(g0, min(g0 + EXPERT_GROUP, E)) if counts[e]]

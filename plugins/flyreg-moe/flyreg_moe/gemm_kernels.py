@@ -1,23 +1,17 @@
 """Triton grouped GEMMs and the top-k reduction of the fused MoE.
 
-Both GEMMs walk the routing's row tiles (:mod:`.routing`): tile ``t`` holds ``BLOCK_M`` slots of
-``sorted_ids``, all of one expert. A slot's pair ``p`` reads row ``p // topk`` of x (GEMM 1) or
-row ``p`` of the intermediate (GEMM 2); padding slots read row 0 and store nothing. Programs are
-ordered in groups of ``GROUP_M`` row tiles per column tile, so the weight tile that a group's
-programs share (consecutive tiles are mostly one expert) is read from L2.
+Both GEMMs walk the routing's row tiles (:mod:`.routing`), each ``BLOCK_M`` slots of ``sorted_ids`` of one expert;
+a slot's pair ``p`` reads row ``p // topk`` of x (GEMM 1) or row ``p`` of h (GEMM 2), and a padding slot reads row
+0 and stores nothing. Programs walk ``GROUP_M`` row tiles per column tile, so a group shares its weight tile in L2.
 
-* GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)`` with
-  both halves accumulated in one program.
-* GEMM 2 (:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, with the reduction
-  over N optionally split ``SPLIT_K`` ways (a second grid axis) into float32 partials.
+* GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)``, both in one program.
+* GEMM 2 (:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, the reduction over N optionally split
+  ``SPLIT_K`` ways (a second grid axis) into float32 partials.
 * :func:`_reduce_kernel`: ``out[m] = sum_j sum_s y_s[m * topk + j]`` over the routed pairs.
 
-With ``TMA`` the weight tiles are read by the tensor memory accelerator: ``W1`` (``W2``) is then a
-host-side tensor descriptor over w1 as [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K]
-blocks, which zero-fills what lies past the reduction's end, instead of a pointer.
-
-Knobs that only change arithmetic on runtime values (GROUP_M, SPLIT_K) are runtime arguments, so
-configs that differ in them share one binary.
+With ``TMA``, ``W1`` (``W2``) is a tensor descriptor over w1 as [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N,
+BLOCK_K] blocks, zero-filled past the reduction's end. GROUP_M and SPLIT_K are runtime arguments, so configs that
+differ only in them share one binary.
 """
 
 from __future__ import annotations

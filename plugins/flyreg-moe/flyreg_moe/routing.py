@@ -1,22 +1,14 @@
 """Triton routing kernels: the token-expert pairs sorted by expert, each expert's run padded to the row tile.
 
-Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The routing writes
-
-* ``sorted_ids`` [rows]: pair indices grouped by expert (in pair order within an expert), each
-  expert's run padded with the sentinel ``P`` (the pair count) to a multiple of ``BLOCK_M``;
-* ``block_expert`` [rows / BLOCK_M]: the expert of each row tile;
-* ``rows_used`` [1]: the padded rows in use; row tiles at or past it have no work;
-* with tail tiles (a GEMM knob ``TAILS`` > 0), runs are padded to ``BLOCK_M >> TAILS`` rows instead
-  and cut into tiles of ``BLOCK_M`` rows, each expert's last tile holding what is left of its run
-  (a multiple of the alignment, at most ``BLOCK_M``): the tile table [tiles in use, each tile's first
-  slot, each tile's slot count], and ``block_expert`` by tile.
-
-``rows`` is :func:`padded_rows`, a bound that holds for every routing, so the grid of the GEMMs
-after it depends on the shapes alone (a CUDA graph can hold the whole call). Three launches:
-per-chunk expert counts (and the sentinel fill), one program that turns counts into offsets and
-tile experts, and the scatter. A pair whose expert is outside [0, E) (the op checks the ids on the
-first call of a signature, not on every call) is routed nowhere: no GEMM computes it, and the top-k
-reduction adds nothing for it.
+Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The routing writes ``sorted_ids``
+[rows] (pair indices grouped by expert, in pair order, each expert's run padded with the sentinel ``P`` to a
+multiple of ``BLOCK_M``), ``block_expert`` (each row tile's expert) and ``rows_used`` (row tiles at or past it
+have no work). With tail tiles (``TAILS`` > 0) runs are padded to ``BLOCK_M >> TAILS`` rows and cut into tiles
+of ``BLOCK_M``, each expert's last tile holding what is left, listed in the tile table [tiles in use, each
+tile's first slot, each tile's slots]. ``rows`` (:func:`padded_rows`) holds for every routing, so the GEMMs'
+grid depends on the shapes alone. Three launches: per-chunk expert counts (and the sentinel fill), one program
+turning counts into offsets and tile experts, and the scatter. A pair whose expert is outside [0, E) is routed
+nowhere: no GEMM computes it, and the top-k reduction adds nothing for it.
 """
 
 from __future__ import annotations
