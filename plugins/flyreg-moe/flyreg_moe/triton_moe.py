@@ -1,5 +1,5 @@
 """The fused MoE on the GPU, bound once per call signature: :func:`bind_fused_moe` checks a call, sizes every grid
-from the shapes alone (:class:`.routing_plan.RoutingPlan`) and compiles the kernels; its launcher allocates the
+from the shapes alone (:class:`.routing.RoutingPlan`) and compiles the kernels; its launcher allocates the
 call's buffers and launches six kernels (three of routing, GEMM 1, GEMM 2, the top-k reduction), none of which
 waits on the host, so a CUDA graph can capture the call; with the knob ``DECODE``, the two of :mod:`.decode`."""
 
@@ -16,7 +16,6 @@ from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted
 from . import gemm_kernels as gk
 from . import decode, routing, space
 from .checks import check_ids, check_ids_every_call, check_moe
-from .routing_plan import RoutingPlan
 
 #: Columns a reduction program covers at most.
 REDUCE_BLOCK = 1024
@@ -99,7 +98,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                                  num_warps=num_warps, num_stages=num_stages)
         return _checked(run, E) if check_ids_every_call() else run
     P = M * topk
-    plan = RoutingPlan.of(P, E, BLOCK_M, TAILS)
+    plan = routing.RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m, k_tiles = plan.tiles, triton.cdiv(N, BLOCK_K)
     per_split = triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))
     split = triton.cdiv(k_tiles, per_split)  # no split left without work

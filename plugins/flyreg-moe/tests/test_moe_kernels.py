@@ -97,7 +97,7 @@ def _routed(counts: list[int], topk: int, seed: int) -> torch.Tensor:
 @needs_triton
 @pytest.mark.parametrize("tails", [1, 2])
 def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int) -> None:
-    from flyreg_moe.routing_plan import RoutingPlan
+    from flyreg_moe.routing import RoutingPlan
 
     ids = _routed(TAIL_COUNTS, 2, seed=12).to(DEVICE).view(-1)
     plan = RoutingPlan.of(len(ids), len(TAIL_COUNTS), 64, tails)
