@@ -1,5 +1,6 @@
-"""What serving and searching share about a search: the call it runs on, its checked settings, and the
-names of the timing methods, strategies and efforts a setting may hold.
+"""What serving and searching share about a search: the call it runs on, its checked settings, the
+names of the timing methods, strategies and efforts a setting may hold, and the one check of each field
+an op's description shares with the settings (the op record is made through them).
 
 The serving path builds a tuner's :class:`SearchSettings` and a :class:`Call` without importing the
 search (``flyreg._search``), which loads only when a search starts.
@@ -43,8 +44,10 @@ def check_counts(warmup: object, rep: object) -> None:
 
 class OpDescription(Protocol):
     """The fields of an op's description that its tuner and its search read: an op record
-    (:class:`flyreg.plugin.OpRecord`) is one. :meth:`Autotuner.from_record
-    <flyreg._runtime.tuner.Autotuner.from_record>` and :meth:`SearchSettings.from_record` derive from it."""
+    (:class:`flyreg.plugin.OpRecord`) is one, its fields checked when it is made by this module's checks
+    (:func:`check_timing`, :func:`check_strategy`, :func:`names_of`, :func:`check_in_place_names`), which
+    :meth:`SearchSettings.of` shares. :meth:`Autotuner.from_record <flyreg._runtime.tuner.Autotuner.from_record>`
+    and :meth:`SearchSettings.from_record` read it without checking it again."""
 
     @property
     def version(self) -> str: ...
@@ -122,31 +125,31 @@ class SearchSettings:
         ``keyword_only`` are argument names a call can only pass by keyword, which
         ``restore_value`` and ``reset_to_zero`` may name as well as ``arg_names``.
         """
-        if timing not in TIMINGS:
-            raise ValueError(f"{op}: timing must be one of {list(TIMINGS)}, got {timing!r}")
         if not 0 <= tie_band < 1:
             raise ValueError(f"{op}: tie_band must be in [0, 1), got {tie_band!r}")
         try:
             check_counts(warmup, rep)
         except ValueError as e:
             raise ValueError(f"{op}: {e}") from None
-        if reference is not None and not callable(reference):
-            raise TypeError(f"{op}: reference must be a callable of (args, kwargs), got {type(reference).__name__}")
+        _check_reference(op, reference)
         if compile_threads is not None and (not isinstance(compile_threads, int) or compile_threads < 1):
             raise ValueError(f"{op}: compile_threads must be a positive int, got {compile_threads!r}")
         names = names_of(op, "arg_names", arg_names)
         restore, zero = names_of(op, "restore_value", restore_value), names_of(op, "reset_to_zero", reset_to_zero)
-        _check_in_place_names(op, restore, zero, names, tuple(keyword_only))
-        return cls(op, warmup, rep, tie_band, timing, names, restore, zero, reference, compile_threads,
-                   *_run_fields(op, strategy, effort, budget_s, seed, resume, retry_failed))
+        check_in_place_names(op, restore, zero, names, tuple(keyword_only))
+        return cls(op, warmup, rep, tie_band, check_timing(op, timing), names, restore, zero, reference,
+                   compile_threads, *_run_fields(op, strategy, effort, budget_s, seed, resume, retry_failed))
 
     @classmethod
-    def from_record(cls, op: str, record: OpDescription, *, keyword_only: Iterable[str] = (),
-                    reference: Reference | None = None) -> SearchSettings:
-        """The settings an op's description gives its search (default run fields), checked as :meth:`of` checks."""
-        return cls.of(op, arg_names=record.arg_names or (), restore_value=record.restore_value,
-                      reset_to_zero=record.reset_to_zero, keyword_only=keyword_only, reference=reference,
-                      timing=record.timing, strategy=record.strategy)
+    def from_record(cls, op: str, record: OpDescription, *, reference: Reference | None = None) -> SearchSettings:
+        """The settings an op's description gives its search, with the default run fields.
+
+        ``record`` is a checked description (an :class:`~flyreg.plugin.OpRecord` checks its fields when
+        made, by this module's checks), so its fields are taken as they are; only ``reference`` is checked.
+        """
+        _check_reference(op, reference)
+        return cls(op, timing=record.timing, arg_names=record.arg_names or (), restore_value=record.restore_value,
+                   reset_to_zero=record.reset_to_zero, reference=reference, strategy=record.strategy)
 
     def with_run(self, **changes: object) -> SearchSettings:
         """These settings with the run's fields (``strategy``, ``effort``, ``budget_s``, ``seed``, ``resume``,
@@ -165,8 +168,7 @@ RUN_FIELDS = ("strategy", "effort", "budget_s", "seed", "resume", "retry_failed"
 def _run_fields(op: str, strategy: object, effort: object, budget_s: object, seed: object,
                 resume: object, retry_failed: object = False) -> tuple[str | None, str, float | None, int, bool, bool]:
     """The run's fields, checked; ValueError or TypeError naming ``op`` and the field."""
-    if strategy is not None and strategy not in STRATEGIES:
-        raise ValueError(f"{op}: strategy must be one of {sorted(STRATEGIES)} or None, got {strategy!r}")
+    check_strategy(op, strategy)
     if effort not in EFFORTS:
         raise ValueError(f"{op}: effort must be one of {list(EFFORTS)}, got {effort!r}")
     if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
@@ -181,33 +183,63 @@ def _run_fields(op: str, strategy: object, effort: object, budget_s: object, see
             resume, retry_failed)
 
 
+# -- the checks of a description's fields: the op record's and the search settings' ------------------------
+# Each takes the op's name to begin its message with ("" for none: the op record names its op where it loads).
+
+
+def _where(op: str) -> str:
+    return f"{op}: " if op else ""
+
+
+def _check_reference(op: str, reference: object) -> None:
+    if reference is not None and not callable(reference):
+        raise TypeError(f"{_where(op)}reference must be a callable of (args, kwargs), got {type(reference).__name__}")
+
+
+def check_timing(op: str, timing: object) -> str:
+    """``timing``, one of :data:`TIMINGS`; else ValueError naming it and the choices."""
+    if timing not in TIMINGS:
+        raise ValueError(f"{_where(op)}timing must be one of {list(TIMINGS)}, got {timing!r}")
+    return timing  # type: ignore[return-value]
+
+
+def check_strategy(op: str, strategy: object) -> str | None:
+    """``strategy``, one of :data:`STRATEGIES` or None; else ValueError naming it and the choices."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"{_where(op)}strategy must be one of {sorted(STRATEGIES)} (or None: flyreg chooses), "
+                         f"got {strategy!r}")
+    return strategy  # type: ignore[return-value]
+
+
 def names_of(op: str, what: str, value: Any) -> tuple[str, ...]:
     """``value`` (a list of names) as a tuple; a single string, a non-iterable or a non-name is a TypeError."""
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{op}: {what} must be a list of names, got the string {value!r} "
+        raise TypeError(f"{_where(op)}{what} must be a list of names, got the string {value!r} "
                         f"(write [{value!r}] for one name)")
     try:
         names = tuple(value)
     except TypeError:
-        raise TypeError(f"{op}: {what} must be a list of names, got {type(value).__name__}") from None
+        raise TypeError(f"{_where(op)}{what} must be a list of names, got {type(value).__name__}") from None
     bad = [v for v in names if not isinstance(v, str) or not v]
     if bad:
-        raise TypeError(f"{op}: {what} must be a list of non-empty strings, got {bad[0]!r} in it")
+        raise TypeError(f"{_where(op)}{what} must be a list of non-empty strings, got {bad[0]!r} in it")
     return names
 
 
-def _check_in_place_names(op: str, restore_value: tuple[str, ...], reset_to_zero: tuple[str, ...],
-                          arg_names: tuple[str, ...], keyword_only: tuple[str, ...]) -> None:
+def check_in_place_names(op: str, restore_value: tuple[str, ...], reset_to_zero: tuple[str, ...],
+                         arg_names: tuple[str, ...] | None, keyword_only: tuple[str, ...] = ()) -> None:
     """Every ``restore_value`` and ``reset_to_zero`` name must be findable in a call, else ValueError.
 
     A name outside ``arg_names`` could only ever match a keyword argument: passed by position it
     would silently be neither restored nor zeroed. Keyword-only parameters are fine (they cannot
     be passed by position).
     """
-    known = set(arg_names) | set(keyword_only)
+    known = set(arg_names or ()) | set(keyword_only)
     for what, names in (("restore_value", restore_value), ("reset_to_zero", reset_to_zero)):
         missing = [n for n in names if n not in known]
+        if missing and not arg_names:
+            raise ValueError(f"{_where(op)}{what} names arguments {missing}, but no arg_names are given to find "
+                             f"them by; pass arg_names=[...] naming the positional arguments, in order")
         if missing:
-            have = f"arg_names is {list(arg_names)}" if arg_names else "no arg_names were given or found"
-            raise ValueError(f"{op}: {what} names {missing}, which are not among the call's argument names "
-                             f"({have}); pass arg_names=[...] naming the positional arguments in order")
+            raise ValueError(f"{_where(op)}{what} names arguments {missing} that are not in arg_names "
+                             f"{list(arg_names or ())}: passed by position, they would be found by no name")

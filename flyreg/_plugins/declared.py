@@ -1,11 +1,14 @@
 """A declared op: one object that says what an op is, from which flyreg derives its hooks.
 
-A :class:`Declaration` holds the call's signature (a torch schema), the key (the spec of a call), the
-config space and heuristic default, how to bind a config to a call (:func:`triton_op` derives
-that from a ``@triton.jit`` kernel, its grid and its arguments) and, optionally, a CPU fallback
-with its own knobs. :func:`declare` (or :func:`triton_op`) makes of it the plugin object an entry
-point names, a :class:`DeclaredOp`: it implements the four required hooks, ``describe`` and the
-optional ones declared, so the registry sees a plugin like any hand-written one.
+A :class:`Declaration` holds the op's one description, its :class:`OpRecord` (the call's signature as
+a torch schema, the spec axes, the version, ...: the object the op's tuner and search settings are
+read from), and the functions the hooks are derived from: the key (the spec of a call), the config
+space and heuristic default, how to bind a config to a call (:func:`triton_op` derives that from a
+``@triton.jit`` kernel, its grid and its arguments) and, optionally, a CPU fallback with its own
+knobs. :func:`declare` (or :func:`triton_op`) makes the record of its keywords, once, and of the
+declaration the plugin object an entry point names, a :class:`DeclaredOp`: it implements the four
+required hooks, ``describe`` (the record itself) and the optional ones declared, so the registry
+sees a plugin like any hand-written one.
 
 The backend follows the device: with a ``cpu`` fallback the spec gets a ``backend`` axis,
 ``"triton"`` for a call on a CUDA tensor and ``"cpu"`` otherwise, and each backend has its own
@@ -25,11 +28,11 @@ import attrs
 from flyreg._core.config import Config, JSONScalar
 from flyreg._core.launch import Launch
 from flyreg._plugins.hookspecs import hookimpl
-from flyreg._plugins.record import Axis, OpRecord
+from flyreg._plugins.record import Axis, OpRecord, RecordError
 from flyreg._plugins.schema import parse_schema
 from flyreg._plugins.work import Work
 
-__all__ = ["BACKEND", "Declaration", "DeclaredOp", "declare", "triton_op"]
+__all__ = ["BACKEND", "RECORD_KEYWORDS", "Declaration", "DeclaredOp", "declare", "triton_op"]
 
 Spec = dict[str, JSONScalar]
 Space = Sequence[Config] | Callable[[Spec], Sequence[Config]]
@@ -90,15 +93,48 @@ def _takes(fn: Callable[..., Any]) -> Callable[[str], bool]:
     return names.__contains__
 
 
+#: The record's fields a declaration may give by keyword, instead of a ``record``: ``schema`` is the record's
+#: ``torch_schema``; its ``arg_names`` come from the schema, its ``ordered_axes`` from the axes.
+RECORD_KEYWORDS = ("schema", "axes", "description", "version", "output_like", "torch_fake", "structural",
+                   "restore_value", "reset_to_zero", "config_dir", "key_env", "timing", "strategy")
+
+
+def _with_backend(axes: Any) -> Any:
+    """``axes`` with :data:`BACKEND` among them, in name order (as given where there are none, or it is there)."""
+    if not isinstance(axes, (list, tuple)) or not axes or not all(isinstance(a, Axis) for a in axes):
+        return axes  # none declared, or malformed: the record names what is wrong
+    if any(a.name == BACKEND.name for a in axes):
+        return axes
+    return sorted((*axes, BACKEND), key=lambda a: a.name)
+
+
+def _complete(record: OpRecord, fallback: bool) -> OpRecord:
+    """``record`` as a declared op serves it: its ``arg_names`` the schema's, its axes the backend's among them
+    where there is a CPU ``fallback``; ``record`` itself where it is so already (a record :func:`declare` made)."""
+    if not isinstance(record, OpRecord):
+        raise TypeError(f"record must be an OpRecord, got {type(record).__name__}")
+    if record.torch_schema is None:
+        raise RecordError("a declared op's record needs a torch_schema: the call's arguments and result")
+    names = tuple(_signature(record.torch_schema).parameters)
+    axes = _with_backend(record.axes) if fallback else record.axes
+    if record.arg_names == names and tuple(axes) == record.axes:
+        return record
+    return attrs.evolve(record, arg_names=names, axes=axes)
+
+
 @attrs.frozen(kw_only=True)
 class Declaration:
-    """What an op is, in one place; :func:`declare` makes the plugin object of it.
+    """What an op is, in one place: its :class:`OpRecord` and the functions its hooks are derived from.
+    :func:`declare` makes the plugin object of it.
 
-    ``schema``: the call, as a torch schema without the op's name (``"(Tensor x, float eps=1e-06) -> Tensor"``):
-    the argument names and defaults, and ``torch.ops.flyreg.<op>`` through :mod:`flyreg.torch`.
+    ``record``: the op's description, the one object its tuner and its search settings are read from
+    (:meth:`Autotuner.from_record <flyreg.Autotuner.from_record>`); :func:`declare` makes it of the
+    keywords in :data:`RECORD_KEYWORDS`, checked once. Its ``torch_schema`` is the call, as a torch schema
+    without the op's name (``"(Tensor x, float eps=1e-06) -> Tensor"``): the argument names (its
+    ``arg_names``) and defaults, and ``torch.ops.flyreg.<op>`` through :mod:`flyreg.torch`. With a ``cpu``
+    fallback its axes hold a ``backend`` axis.
     ``key(*args)``: the spec of a call, from its arguments (defaults filled in); a ``torch.dtype``
-    value stands for its name. ``axes``: the spec's typed axes (optional; a ``backend`` axis is added
-    for an op with a CPU fallback).
+    value stands for its name.
     ``bind(*args, **knobs, **hints)``: the launcher of calls shaped like ``args`` (all of them,
     defaults filled in), compiled once; it is called with a call's own arguments (its keywords too,
     where the launcher takes them; else all of them by position). Hints it does not take are left out.
@@ -108,15 +144,14 @@ class Declaration:
     ``workloads``: the specs ``flyreg tune`` tunes, by device type (``{"cuda": [...], "cpu": [...]}``) or a
     function of the device, without the backend. ``make_inputs(spec, device)``: a call's arguments.
     ``reference(*args)``: the plain result. ``work(spec)``: a :class:`~flyreg.plugin.Work`.
-    ``name`` names the op in the errors of its hooks. The rest are the :class:`OpRecord`'s fields.
+    ``name`` names the op in the errors of its hooks.
     """
 
-    schema: str
+    record: OpRecord
     key: Callable[..., Mapping[str, Any]]
     bind: Callable[..., Callable[..., Any]]
     configs: Space
     default: Default
-    axes: Sequence[Axis] = ()
     cpu: Callable[..., Any] | None = None
     cpu_configs: Space = (Config(),)
     cpu_default: Default | None = None
@@ -125,28 +160,35 @@ class Declaration:
     reference: Callable[..., Any] | None = None
     work: Callable[[Spec], Work | None] | None = None
     name: str = ""
-    description: str = ""
-    version: str = "0"
-    output_like: str | None = None
-    torch_fake: Callable[..., Any] | None = None
-    structural: Sequence[str] | None = None
-    restore_value: Sequence[str] = ()
-    reset_to_zero: Sequence[str] = ()
-    config_dir: str | Path | None = None
-    key_env: Sequence[str] = ()
-    timing: str = "steady"
-    strategy: str | None = None
 
-    def record(self, arg_names: Sequence[str]) -> OpRecord:
-        """The op's record: these fields, the schema's ``arg_names`` and the axes (the backend's among them)."""
-        axes = self.axes
-        if self.cpu is not None and axes:
-            axes = sorted((*axes, BACKEND), key=lambda a: a.name)
-        return OpRecord(
-            description=self.description, version=self.version, structural=self.structural, arg_names=arg_names,
-            restore_value=self.restore_value, reset_to_zero=self.reset_to_zero, axes=axes, config_dir=self.config_dir,
-            key_env=self.key_env, timing=self.timing, strategy=self.strategy, torch_schema=self.schema,
-            torch_fake=self.torch_fake, output_like=self.output_like)
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "record", _complete(self.record, self.cpu is not None))
+
+    @property
+    def schema(self) -> str:
+        """The call's torch schema (the record's ``torch_schema``)."""
+        return self.record.torch_schema  # type: ignore[return-value]
+
+    @classmethod
+    def of(cls, **fields: Any) -> Declaration:
+        """The declaration of these fields: a ``record``, or the record's fields by keyword
+        (:data:`RECORD_KEYWORDS`), of which the record is made and checked once, and the rest."""
+        missing = [f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING and f.name != "record"
+                   and f.name not in fields]
+        if missing:  # told before the record is made, as a call missing an argument is
+            raise TypeError(f"a declaration needs {missing}")
+        given = {k: fields.pop(k) for k in RECORD_KEYWORDS if k in fields}
+        if "record" in fields:
+            if given:
+                raise TypeError(f"give the op's record or its fields {sorted(given)}, not both")
+            return cls(**fields)
+        if "schema" not in given:
+            raise TypeError("a declaration needs the call's schema (schema=...) or a record (record=...)")
+        schema, axes = given.pop("schema"), given.pop("axes", ())
+        if fields.get("cpu") is not None:
+            axes = _with_backend(axes)
+        record = OpRecord(torch_schema=schema, arg_names=tuple(_signature(schema).parameters), axes=axes, **given)
+        return cls(record=record, **fields)
 
 
 class DeclaredOp:
@@ -157,7 +199,6 @@ class DeclaredOp:
         d = self.declaration = declaration
         self.name = d.name
         self._sig = _signature(d.schema)
-        self._record = d.record(tuple(self._sig.parameters))
         self._takes = _takes(d.bind)
         cpu_default = d.cpu_default if d.cpu_default is not None else (lambda s: _space(d.cpu_configs)(s)[0])
         self._spaces = {"triton": (_space(d.configs), _pick(d.default)),
@@ -195,7 +236,7 @@ class DeclaredOp:
 
     def _backend(self, spec: Mapping[str, Any]) -> str:
         """The backend of ``spec``; a ValueError naming the axes a spec handed to a hook lacks."""
-        names = [a.name for a in self._record.axes]
+        names = [a.name for a in self.declaration.record.axes]
         missing = [a for a in names if a not in spec]
         if missing:
             raise ValueError(f"{self.name or 'the'} spec {dict(spec)} lacks axes {missing}; it needs {names}")
@@ -244,7 +285,7 @@ class DeclaredOp:
 
     @hookimpl
     def describe(self) -> OpRecord:
-        return self._record
+        return self.declaration.record
 
     def _workloads(self, device: str) -> list[Spec]:
         declared = self.declaration.workloads
@@ -263,8 +304,8 @@ class DeclaredOp:
 
 
 def declare(**fields: Any) -> DeclaredOp:
-    """The plugin object of the op these :class:`Declaration` fields declare; name it in an entry point."""
-    return DeclaredOp(Declaration(**fields))
+    """The plugin object of the op these fields declare (:meth:`Declaration.of`); name it in an entry point."""
+    return DeclaredOp(Declaration.of(**fields))
 
 
 def triton_op(kernel: Any, *, schema: str, grid: Callable[[dict[str, Any]], tuple[int, ...]],

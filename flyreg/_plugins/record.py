@@ -19,7 +19,7 @@ import attrs
 
 from flyreg._core.config import JSONScalar
 from flyreg._core.keys import SpecError
-from flyreg._core.search_terms import STRATEGIES, TIMINGS
+from flyreg._core.search_terms import check_in_place_names, check_strategy, check_timing, names_of
 from flyreg._core.spec import canonical_value
 from flyreg._plugins.schema import Schema, SchemaError, mark_mutated, parse_schema
 
@@ -179,17 +179,22 @@ class Axis:
         return f"{self.name} ({', '.join(parts)})"
 
 
+def _checked_field(check: Callable[..., Any], *args: Any) -> Any:
+    """What ``check`` (one of :mod:`flyreg._core.search_terms`' checks, which the search settings share)
+    makes of a field, its error a :class:`RecordError`."""
+    try:
+        return check("", *args)
+    except (TypeError, ValueError) as e:
+        raise RecordError(str(e)) from None
+
+
 def _names(field: str, optional: bool = False) -> Callable[[Any], tuple[str, ...] | None]:
     """A converter of a list of names to a tuple, raising :class:`RecordError` naming ``field``."""
 
     def convert(value: Any) -> tuple[str, ...] | None:
-        if value is None and optional:
-            return None
-        if value is None:
-            return ()
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-            raise RecordError(f"{field} must be a list of names, got {value!r}")
-        return tuple(value)
+        if value is None:  # a legacy dict's way of leaving it out
+            return None if optional else ()
+        return _checked_field(names_of, field, value)  # type: ignore[no-any-return]
 
     return convert
 
@@ -253,11 +258,9 @@ class OpRecord:
     output_like: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.timing not in TIMINGS:
-            raise RecordError(f"timing must be one of {list(TIMINGS)}, got {self.timing!r}")
-        if self.strategy is not None and self.strategy not in STRATEGIES:
-            raise RecordError(f"strategy must be one of {sorted(STRATEGIES)} (or None: flyreg chooses), "
-                              f"got {self.strategy!r}")
+        _checked_field(check_timing, self.timing)
+        _checked_field(check_strategy, self.strategy)
+        _checked_field(check_in_place_names, self.restore_value, self.reset_to_zero, self.arg_names)
         self._check_torch()
         names = [a.name for a in self.axes]
         twice = sorted({n for n in names if names.count(n) > 1})
@@ -269,14 +272,6 @@ class OpRecord:
                 raise RecordError(f"ordered_axes {list(self.ordered_axes)} is derived from the axes; "
                                   f"mark those axes Axis(..., ordered=True) instead")
             object.__setattr__(self, "ordered_axes", flagged)
-        for field, wanted in (("restore_value", self.restore_value), ("reset_to_zero", self.reset_to_zero)):
-            missing = [n for n in wanted if n not in (self.arg_names or ())]
-            if missing and self.arg_names is None:
-                raise RecordError(f"{field} names arguments {missing}, but no arg_names are given to find them "
-                                  f"by; add arg_names (the positional argument names, in order)")
-            if missing:
-                raise RecordError(f"{field} names arguments {missing} that are not in arg_names "
-                                  f"{list(self.arg_names or ())}")
 
     def _check_torch(self) -> None:
         if self.torch_schema is None:

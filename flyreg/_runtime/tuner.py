@@ -98,32 +98,62 @@ class Autotuner:
         spec_check: Callable[..., dict[str, JSONScalar]] | None = None,
         **search_options: Any,
     ) -> None:
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"name must be a non-empty op name, got {name!r}")
-        for what, fn in (("build", build), ("specialize", specialize)):
-            if not callable(fn):
-                raise TypeError(f"{name}: {what} must be callable, got {type(fn).__name__}")
+        _check_hooks(name, build, specialize)
+        cuda_graph = search_options.pop("cuda_graph", None)
+        if cuda_graph is not None:
+            warnings.warn(f"{name}: cuda_graph= is deprecated; use timing='graph' (or the default 'steady')",
+                          DeprecationWarning, stacklevel=2)
+            search_options["timing"] = "graph" if cuda_graph else "flushed"
+        positional, keyword_only = _params(specialize)
+        names = names_of(name, "arg_names", arg_names) if arg_names is not None else positional
+        self._assemble(
+            name, build, specialize, configs, default,
+            SearchSettings.of(name, arg_names=names, keyword_only=keyword_only, **search_options),
+            structural=names_of(name, "structural", structural) if structural is not None else None,
+            key_env=names_of(name, "key_env", key_env), version=str(version),
+            config_dirs=[os.fspath(d) for d in config_dirs], ordered_axes=names_of(name, "ordered_axes", ordered_axes),
+            prune_configs_by=prune_configs_by, emit=emit, build_cache=build_cache, spec_check=spec_check)
+
+    @classmethod
+    def from_record(cls, name: str, record: OpDescription, build: BuildFn,
+                    specialize: Callable[..., dict[str, JSONScalar]], configs: Configs, default: Default | None = None,
+                    *, reference: Callable[..., Any] | None = None,
+                    spec_check: Callable[..., dict[str, JSONScalar]] | None = None) -> Autotuner:
+        """The tuner of op ``name`` as its description ``record`` (an :class:`~flyreg.plugin.OpRecord`) says,
+        calling these hooks; its :attr:`settings` are :meth:`SearchSettings.from_record`'s of the same record,
+        and :attr:`record` is ``record`` itself. The record's fields were checked when it was made: they are
+        read, never checked again."""
+        _check_hooks(name, build, specialize)
+        tuner = cls.__new__(cls)
+        tuner._assemble(
+            name, build, specialize, configs, default, SearchSettings.from_record(name, record, reference=reference),
+            structural=record.structural, key_env=record.key_env, version=record.version,
+            config_dirs=[os.fspath(record.config_dir)] if record.config_dir else [],
+            ordered_axes=record.ordered_axes, spec_check=spec_check, record=record)
+        return tuner
+
+    def _assemble(self, name: str, build: BuildFn, specialize: Callable[..., dict[str, JSONScalar]],
+                  configs: Configs, default: Default | None, settings: SearchSettings, *,
+                  structural: tuple[str, ...] | None, key_env: tuple[str, ...], version: str,
+                  config_dirs: list[str], ordered_axes: tuple[str, ...], prune_configs_by: Prune | None = None,
+                  emit: bool = False, build_cache: BuildCache | None = None,
+                  spec_check: Callable[..., dict[str, JSONScalar]] | None = None,
+                  record: OpDescription | None = None) -> None:
+        """Set the tuner up from checked fields (``__init__``'s arguments, or an op record's)."""
         self.name = name
         self.build = build
         self.specialize = specialize
         self.spec_check = spec_check
         stored_check = functools.partial(spec_check, stored=True) if spec_check is not None else None
         self.space = ConfigSpace(name, configs, default, prune_configs_by, stored_check)
-        cuda_graph = search_options.pop("cuda_graph", None)
-        if cuda_graph is not None:
-            warnings.warn(f"{name}: cuda_graph= is deprecated; use timing='graph' (or the default 'steady')",
-                          DeprecationWarning, stacklevel=2)
-            search_options["timing"] = "graph" if cuda_graph else "flushed"
-        self.structural = names_of(name, "structural", structural) if structural is not None else None
-        positional, keyword_only = _params(specialize)
-        self.arg_names = names_of(name, "arg_names", arg_names) if arg_names is not None else positional
-        self.settings = SearchSettings.of(name, arg_names=self.arg_names, keyword_only=keyword_only,
-                                          **search_options)
-        self.key_env = names_of(name, "key_env", key_env)
-        self.version = str(version)
+        #: The op record this tuner was made from (:meth:`from_record`); None for a tuner made by hand.
+        self.record = record
+        self.settings = settings
+        self.structural = structural
+        self.key_env = key_env
+        self.version = version
         self.emit = emit
-        ordered = names_of(name, "ordered_axes", ordered_axes)
-        self.offline = OfflineStore(name, [os.fspath(d) for d in config_dirs], ordered, self.version)
+        self.offline = OfflineStore(name, config_dirs, ordered_axes, version)
         self.build_cache = build_cache if build_cache is not None else BUILD_CACHE
         self.stats = TunerStats()
         self.reports: dict[str, TuneReport] = {}
@@ -135,20 +165,10 @@ class Autotuner:
         self.make_inputs: Callable[[dict[str, JSONScalar], str], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
         serving_record.track(self)
 
-    @classmethod
-    def from_record(cls, name: str, record: OpDescription, build: BuildFn,
-                    specialize: Callable[..., dict[str, JSONScalar]], configs: Configs, default: Default | None = None,
-                    *, reference: Callable[..., Any] | None = None,
-                    spec_check: Callable[..., dict[str, JSONScalar]] | None = None) -> Autotuner:
-        """The tuner of op ``name`` as its description ``record`` (an :class:`~flyreg.plugin.OpRecord`) says,
-        calling these hooks; its :attr:`settings` are :meth:`SearchSettings.from_record`'s of the same record."""
-        tuner = cls(name, build, specialize, configs, default, structural=record.structural,
-                    arg_names=record.arg_names or (), key_env=record.key_env, version=record.version,
-                    config_dirs=[record.config_dir] if record.config_dir else [], ordered_axes=record.ordered_axes,
-                    spec_check=spec_check)
-        tuner.settings = SearchSettings.from_record(name, record, keyword_only=_params(specialize)[1],
-                                                    reference=reference)
-        return tuner
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        """The names of the call's positional arguments (see :attr:`settings`)."""
+        return self.settings.arg_names
 
     @property
     def timing(self) -> str:
@@ -323,6 +343,14 @@ def _structural_key(value: Any) -> Any:
     if isinstance(value, _SEQUENCES):
         return (value.__class__, tuple(_structural_key(v) for v in value))
     return (value.__class__, value)
+
+
+def _check_hooks(name: object, build: object, specialize: object) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty op name, got {name!r}")
+    for what, fn in (("build", build), ("specialize", specialize)):
+        if not callable(fn):
+            raise TypeError(f"{name}: {what} must be callable, got {type(fn).__name__}")
 
 
 def _params(fn: Callable[..., Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:

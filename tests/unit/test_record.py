@@ -109,7 +109,7 @@ def test_a_malformed_axis_is_a_record_error_naming_it(kwargs: dict[str, Any], me
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"structural": "ROWS"}, "structural must be a list of names, got 'ROWS'"),
+    ({"structural": "ROWS"}, "structural must be a list of names, got the string 'ROWS'"),
     ({"version": 1.5}, "version must be a string, got 1.5"),
     ({"timing": "fastest"}, r"timing must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
     ({"axes": [("M", int)]}, r"axes must be a list of Axis"),

@@ -197,7 +197,7 @@ BROKEN = [
     (WrongArgNames, r"hook build\(cfg, spec\) takes \['cfg'\], which the hook build\(config, spec\) does not pass"),
     (UnknownHook, r"unknown hook 'buidl'"),
     (BadDescribeKeys, r"unknown keys \['structual'\]"),
-    (BadDescribeTypes, r"op 'bad': describe\(\): structural must be a list of names, got 'ROWS'"),
+    (BadDescribeTypes, r"op 'bad': describe\(\): structural must be a list of names, got the string 'ROWS'"),
     (BadDescribeTiming, r"describe\(\): timing must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
 ]
 
