@@ -1,4 +1,4 @@
-"""The ``fused_moe`` op (this distribution's entry point names this module), declared: Triton kernels on a CUDA
+"""The ``fused_moe`` op, declared (the object this distribution's entry point names): Triton kernels on a CUDA
 tensor, the torch implementation on the CPU."""
 
 from __future__ import annotations
@@ -13,21 +13,19 @@ from flyreg.plugin import Axis, Work, declare
 from . import cpu, space
 from .checks import check_moe
 
-#: (E, K, N, topk) of the model shapes tuned on a GPU: Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V2-Lite, gpt-oss-20b.
-MODEL_SHAPES = {
-    "Mixtral-8x7B": (8, 4096, 14336, 2),
-    "Qwen3-30B-A3B": (128, 2048, 768, 8),
-    "DeepSeek-V2-Lite": (64, 2048, 1408, 6),
-    "gpt-oss-20b": (32, 2880, 2880, 4),
-}
-#: Small shapes tuned on the CPU, so ``flyreg tune`` runs end to end there in seconds.
-CPU_SHAPES, CPU_M = ((8, 128, 160, 2),), (4, 32)
-DTYPES = ("bfloat16", "float16")
+#: (E, K, N, topk) of the model shapes tuned on a GPU.
+MODEL_SHAPES = {"Mixtral-8x7B": (8, 4096, 14336, 2), "Qwen3-30B-A3B": (128, 2048, 768, 8),
+                "DeepSeek-V2-Lite": (64, 2048, 1408, 6), "gpt-oss-20b": (32, 2880, 2880, 4)}
+#: The specs ``flyreg tune`` tunes by device type: the model shapes at every M bucket on a GPU, and a small
+#: shape on the CPU, so a tune runs end to end there in seconds.
+WORKLOADS = {device: [{"E": E, "K": K, "M": m, "N": N, "dtype": "bfloat16", "topk": topk}
+                      for E, K, N, topk in shapes for m in rows]
+             for device, shapes, rows in (("cuda", MODEL_SHAPES.values(), space.M_BUCKETS),
+                                          ("cpu", [(8, 128, 160, 2)], (4, 32)))}
 #: The spec axes besides the backend.
 AXES = (Axis("E", int, low=1), Axis("K", int, low=1),
         Axis("M", int, ordered=True, values=space.M_BUCKETS, buckets=space.M_BUCKETS, low=0),
-        Axis("N", int, low=1), Axis("dtype", str, values=DTYPES), Axis("topk", int, low=1))
-SPEC_AXES = ("E", "K", "M", "N", "backend", "dtype", "topk")
+        Axis("N", int, low=1), Axis("dtype", str, values=("bfloat16", "float16")), Axis("topk", int, low=1))
 
 
 def _key(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor, ids: torch.Tensor) -> dict[str, Any]:
@@ -39,12 +37,6 @@ def _bind(*args: Any, **options: Any) -> Any:
     from . import triton_moe  # Triton only where it runs
 
     return triton_moe.bind_fused_moe(*args, **options)
-
-
-def _workloads(device: str) -> list[dict[str, Any]]:
-    shapes, rows = (MODEL_SHAPES.values(), space.M_BUCKETS) if device.startswith("cuda") else (CPU_SHAPES, CPU_M)
-    return [{"E": E, "K": K, "M": m, "N": N, "dtype": "bfloat16", "topk": topk}
-            for E, K, N, topk in shapes for m in rows]
 
 
 def make_moe_inputs(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, device: Any,
@@ -68,8 +60,8 @@ def _make_inputs(spec: dict[str, Any], device: str) -> tuple[torch.Tensor, ...]:
 
 
 def _work(spec: dict[str, Any]) -> Work:
-    # Both GEMMs: 2*N*K per pair for GEMM 1 (gate and up, 2N rows) and 2*N*K for GEMM 2, each pair M*topk.
-    M, _E, N, K, topk = space.shape(spec)
+    # 2 * 2N * K flops a pair in GEMM 1 (gate and up) and 2 * N * K in GEMM 2, for M * topk pairs.
+    M, _, N, K, topk = space.shape(spec)
     return Work(flops=6 * M * topk * N * K)
 
 
@@ -79,9 +71,4 @@ fused_moe = declare(
     description="mixture of experts: sum over top-k of weight * w2[e] @ (silu(w1 gate @ x) * (w1 up @ x))",
     key=_key, axes=AXES, bind=_bind, configs=space.triton_configs, default=space.triton_default,
     cpu=cpu.fused_moe_cpu, cpu_configs=space.cpu_configs, cpu_default=space.cpu_default,
-    reference=cpu.fused_moe_reference, workloads=_workloads, make_inputs=_make_inputs, work=_work)
-# The entry point names this module, so the module carries the declared op's hooks.
-specialize, build, configs, default, describe = (fused_moe.specialize, fused_moe.build, fused_moe.configs,
-                                                 fused_moe.default, fused_moe.describe)
-workloads, make_inputs, reference, work = (fused_moe.workloads, fused_moe.make_inputs, fused_moe.reference,
-                                           fused_moe.work)
+    reference=cpu.fused_moe_reference, workloads=WORKLOADS, make_inputs=_make_inputs, work=_work)

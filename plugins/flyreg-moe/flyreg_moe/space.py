@@ -23,13 +23,9 @@ from flyreg.plugin import Config
 #: Row-count buckets: an unseen M is served from the smallest bucket at least M (the largest above it).
 M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
 
-BLOCK_MS = (16, 32, 64, 128)
-BLOCK_NS = (32, 64, 128, 256)
-BLOCK_KS = (64, 128, 256)
-GROUP_MS = (1, 4, 8, 16, 32)
-SPLIT_KS = (1, 2, 4, 8)
-WARPS = (4, 8)
-STAGES = (2, 3, 4, 5)
+#: The values each knob and hint takes in the spaces.
+BLOCK_MS, BLOCK_NS, BLOCK_KS = (16, 32, 64, 128), (32, 64, 128, 256), (64, 128, 256)
+GROUP_MS, SPLIT_KS, WARPS, STAGES = (1, 4, 8, 16, 32), (1, 2, 4, 8), (4, 8), (2, 3, 4, 5)
 #: Halvings of BLOCK_M an expert's last row tile may take (0: none).
 TAILS = (0, 1, 2)
 #: GEMM 2's output columns a tile may take beside GEMM 1's BLOCK_N = 128.
@@ -59,7 +55,6 @@ DECODE_DEFAULT_ROWS = 0
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = (16, 32, 64, 128)
 DECODE_N_DOWNS = (16, 32, 64, 128)
-
 
 
 def _next_pow2(n: int) -> int:

@@ -159,11 +159,11 @@ def test_the_default_is_a_config_of_the_pruned_space(E: int, N: int, K: int, top
 def test_workloads_cover_the_model_shapes_on_cuda_and_small_shapes_on_the_cpu() -> None:
     from flyreg_moe import ops
 
-    gpu = ops.workloads("cuda")
+    gpu = ops.fused_moe.workloads("cuda")
     assert len(gpu) == 4 * 14 and {w["M"] for w in gpu} == set(space.M_BUCKETS)
     assert {(w["E"], w["K"], w["N"], w["topk"]) for w in gpu} == {(8, 4096, 14336, 2), (128, 2048, 768, 8),
                                                                   (64, 2048, 1408, 6), (32, 2880, 2880, 4)}
-    assert all(w["backend"] == "cpu" for w in ops.workloads("cpu"))
+    assert all(w["backend"] == "cpu" for w in ops.fused_moe.workloads("cpu"))
 
 
 def test_torch_op_through_flyreg_torch() -> None:
@@ -203,7 +203,7 @@ def test_declared_flops_equal_the_matmul_flops_of_the_reference() -> None:
     with FlopCounterMode(display=False) as counter:
         fused_moe_reference(*args)
     spec = {"E": E, "K": K, "N": N, "topk": topk, "dtype": "bfloat16", "M": M}
-    assert ops.work(spec).flops == counter.get_total_flops()
+    assert ops.fused_moe.work(spec).flops == counter.get_total_flops()
 
 
 def test_every_shipped_artifact_is_a_config_of_its_spec_space_and_a_declared_workload() -> None:
@@ -214,7 +214,7 @@ def test_every_shipped_artifact_is_a_config_of_its_spec_space_and_a_declared_wor
     from flyreg_moe import ops
 
     paths = sorted((Path(flyreg_moe.__file__).parent / "configs").glob("fused_moe,*.json"))
-    workloads = [{k: v for k, v in w.items() if k != "backend"} for w in ops.workloads("cuda")]
+    workloads = [{k: v for k, v in w.items() if k != "backend"} for w in ops.fused_moe.workloads("cuda")]
     assert len(paths) == len(workloads) == 56
     for path in paths:
         artifact = json.loads(path.read_text(encoding="utf-8"))
