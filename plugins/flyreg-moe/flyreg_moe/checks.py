@@ -18,15 +18,8 @@ CHECK_IDS_ENV = "FLYREG_MOE_CHECK_IDS"
 LAYOUTS = {"x": "[M, K]", "w1": "[E, 2N, K]", "w2": "[E, K, N]", "topk_weights": "[M, topk]", "topk_ids": "[M, topk]"}
 
 
-class MoEArgs(NamedTuple):
-    """Validated shape facts of a ``fused_moe`` call."""
-
-    M: int
-    K: int
-    N: int
-    E: int
-    topk: int
-    x_stride: int
+#: Validated shape facts of a ``fused_moe`` call.
+MoEArgs = NamedTuple("MoEArgs", [("M", int), ("K", int), ("N", int), ("E", int), ("topk", int), ("x_stride", int)])
 
 
 def check_moe(x: object, w1: object, w2: object, topk_weights: object, topk_ids: object) -> MoEArgs:
