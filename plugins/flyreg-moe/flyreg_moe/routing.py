@@ -5,8 +5,8 @@ Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The r
 multiple of ``BLOCK_M``), ``block_expert`` (each row tile's expert) and ``rows_used`` (row tiles at or past it
 have no work). With tail tiles (``TAILS`` > 0) runs are padded to ``BLOCK_M >> TAILS`` rows and cut into tiles
 of ``BLOCK_M``, each expert's last tile holding what is left, listed in the tile table [tiles in use, each
-tile's first slot, each tile's slots]. ``rows`` (:func:`padded_rows`) holds for every routing, so the GEMMs'
-grid depends on the shapes alone. Three launches: per-chunk expert counts (and the sentinel fill), one program
+tile's first slot, each tile's slots]. ``rows`` (:meth:`RoutingPlan.of`) holds for every routing, so the
+GEMMs' grid depends on the shapes alone. Three launches: per-chunk expert counts (and the sentinel fill), one program
 turning counts into offsets and tile experts, and the scatter. A pair whose expert is outside [0, E) is routed
 nowhere: no GEMM computes it, and the top-k reduction adds nothing for it.
 
@@ -40,19 +40,6 @@ FILL_BLOCK = 1024
 
 def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
-
-
-def padded_rows(P: int, E: int, block_m: int) -> int:
-    """Rows of ``sorted_ids`` for P pairs over E experts: each non-empty expert pads at most
-    ``block_m - 1`` rows, and at most ``min(E, P)`` experts are non-empty."""
-    rows = P + min(E, P) * (block_m - 1)
-    return -(-rows // block_m) * block_m
-
-
-def table_tiles(P: int, E: int, block_m: int) -> int:
-    """Row tiles of the tile table for P pairs over E experts: an expert's run of c pairs, aligned to a
-    divisor of ``block_m``, takes ceil(c / block_m) tiles, at most floor(c / block_m) + 1."""
-    return P // block_m + min(E, P)
 
 
 def chunk_size(E: int) -> int:
@@ -93,10 +80,12 @@ class RoutingPlan:
 
     @classmethod
     def of(cls, P: int, E: int, block_m: int, tails: int = 0) -> RoutingPlan:
-        rows = padded_rows(P, E, block_m >> tails)
-        tiles = table_tiles(P, E, block_m) if tails else rows // block_m
-        return cls(P, E, block_m, tails, rows, tiles, triton.cdiv(P, chunk_size(E)),
-                   max(16, next_pow2(E)))
+        """The plan of every routing of these sizes: each of the at most min(E, P) non-empty experts pads its run
+        by less than the alignment, and with tails takes at most floor(run / block_m) + 1 tiles."""
+        align = block_m >> tails
+        rows = -(-(P + min(E, P) * (align - 1)) // align) * align
+        tiles = P // block_m + min(E, P) if tails else rows // block_m
+        return cls(P, E, block_m, tails, rows, tiles, triton.cdiv(P, chunk_size(E)), max(16, next_pow2(E)))
 
     def workspace(self, device: torch.device) -> RoutingViews:
         """A fresh workspace (one allocation), as views."""
