@@ -16,7 +16,7 @@ from typing import Protocol
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.search_terms import EFFORTS, STRATEGIES as STRATEGY_NAMES
+from flyreg._core.search_terms import EFFORTS, STRATEGIES as STRATEGY_NAMES, check_strategy
 
 Evaluate = Callable[[Sequence[Config]], Mapping[Config, "float | None"]]
 Times = dict[Config, "float | None"]
@@ -213,8 +213,7 @@ def choose(space_size: int, effort: str = "auto", preferred: str | None = None) 
     configs and ``quick`` above. An op's ``preferred`` strategy replaces the large-space choice."""
     if effort not in EFFORTS:
         raise ValueError(f"effort must be 'auto', 'quick' or 'full', got {effort!r}")
-    if preferred is not None and preferred not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {preferred!r}")
+    check_strategy("", preferred)
     if effort == "full" or (effort == "auto" and space_size <= EXHAUSTIVE_MAX):
         return Exhaustive(), None
     large = STRATEGIES[preferred or "local"]()
