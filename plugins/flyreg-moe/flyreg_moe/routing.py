@@ -10,9 +10,8 @@ GEMMs' grid depends on the shapes alone. Three launches: per-chunk expert counts
 turning counts into offsets and tile experts, and the scatter. A pair whose expert is outside [0, E) is routed
 nowhere: no GEMM computes it, and the top-k reduction adds nothing for it.
 
-:class:`RoutingPlan` sizes a call signature's routing from the shapes alone (so a CUDA graph can hold the call),
-lays out its int32 workspace (the sorted pair ids, each row tile's expert, the rows in use, the tile table with
-tail tiles only, the per-chunk expert counts) and binds the three launches once.
+:class:`RoutingPlan` sizes a call signature's routing, lays out its int32 workspace (the sorted pair ids, each
+row tile's expert, the rows in use, the tile table, the per-chunk expert counts) and binds the launches once.
 """
 
 from __future__ import annotations
