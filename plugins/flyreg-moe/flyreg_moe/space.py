@@ -101,12 +101,6 @@ def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
     return stages * (bm * bk + 2 * bk * bn) * 2
 
 
-def _tile_ok(bm: int, bn: int, bk: int, warps: int, stages: int, max_bm: int) -> bool:
-    if bm > max_bm or _smem(bm, bn, bk, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps:
-        return False
-    return warps == 4 or bm * bn >= 4096  # 8 warps only with 16 or more accumulator rows a warp
-
-
 def _groups(spec: Mapping[str, Any]) -> list[int]:
     """GROUP_M values offered: 1, and those below the row tiles of the smallest BLOCK_M (an estimate)."""
     M, E, _, _, topk = shape(spec)
@@ -166,7 +160,8 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     tmas = (False, True) if tma_fits(E, N, K) else (False,)
     out = []
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
-        if not _tile_ok(bm, bn, bk, warps, stages, max_bm):
+        if (bm > max_bm or _smem(bm, bn, bk, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps
+                or (warps == 8 and bm * bn < 4096)):  # 8 warps only with 16 or more accumulator rows a warp
             continue
         splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and -(-N // bk) >= 2 * s)]
         tails = [t for t in TAILS if tails_fit(r, bm, t)]
