@@ -47,11 +47,10 @@ DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 DECODE_ROWS = 64
-#: Rows up to which the default takes the decode path: none yet. Timed eagerly on an H100 (2026-12-06,
-#: bench/check_ids_cost.py's unchecked column) it read about 40 to 73 % of the weight-bandwidth floor at M = 1 and
-#: 16 (Qwen3 M = 16: 520 us, where the grouped path's served config read 201 us on the H200); no graph-timed
-#: run on one card has shown it winning, so only a search that measures it takes it.
-DECODE_DEFAULT_ROWS = 0
+#: Rows up to which the default takes the decode path. On an H100 (``vs_incumbent --menu``, graph-timed, L2-cold) its
+#: default tile beat the grouped path's served config at M = 1 to 16 on all four model shapes (Qwen3 M = 1: 36.0
+#: against 51.6 us) and came within 4 % of the menu's best in all 20 cells.
+DECODE_DEFAULT_ROWS = 16
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = (16, 32, 64, 128)
 DECODE_N_DOWNS = (16, 32, 64, 128)
@@ -144,10 +143,15 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
-    """The decode path's no-search config (a member of :func:`decode_configs`)."""
-    M = shape(spec)[0]
-    return Config({"BLOCK_M": decode_block_m(M), "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "SPLIT_K": 1,
-                   "BLOCK_N_DOWN": 16, "DECODE": True}, num_warps=4, num_stages=4)
+    """The decode path's no-search config, a member of :func:`decode_configs`: GEMM 1 32 columns, GEMM 2 64, 128
+    deep, 4 warps, 5 stages (fewer where a 64-token tile's pipeline would not fit shared memory)."""
+    offered = decode_configs(spec)
+    for stages in (5, 4, 3, 2):
+        config = Config({"BLOCK_M": decode_block_m(shape(spec)[0]), "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1,
+                         "SPLIT_K": 1, "BLOCK_N_DOWN": 64, "DECODE": True}, num_warps=4, num_stages=stages)
+        if config in offered:
+            return config
+    raise AssertionError(f"fused_moe: no decode default fits {spec}")  # unreachable: 2 stages fit 64 rows
 
 
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
@@ -177,7 +181,7 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     :func:`tma_fits` (1 to 10 % faster) and tails where :func:`tails_fit` (quarter tails 1 to 19 % faster up to
     M = 4096); the 128-row tile's GEMM 2 256 wide where :func:`wide_down_fits` (0.90 to 0.95 of the time of
     128-wide ones at M >= 2048). At 24 to 128 rows an expert these are within 2 % of the menu's best in 9 of 9
-    cells. Up to :data:`DECODE_DEFAULT_ROWS` rows (none yet): the decode path (:func:`decode_default`)."""
+    cells. Up to :data:`DECODE_DEFAULT_ROWS` rows: the decode path (:func:`decode_default`)."""
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:
         return decode_default(spec)
