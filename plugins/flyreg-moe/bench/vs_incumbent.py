@@ -19,7 +19,7 @@ reported. ``floor`` is the weight-bandwidth floor: the bytes of the distinct exp
 (3 N K elements an expert, averaged over the sets) over the device-to-device copy bandwidth measured in
 the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = incumbent time / flyreg time.
 
-    python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ...] [--M 1 2 ...] [--json out.json]
+    python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ... | --unseen] [--M 1 2 ...] [--json out.json]
         [--menu]  (also time the decode path's menu, :data:`MENU`, at each cell)
 
 ``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
@@ -46,6 +46,14 @@ from flyreg_moe.ops import MODEL_SHAPES
 
 from . import incumbent as inc
 
+#: (E, K, N, topk) of real models the plugin never tunes nor names (E >= 16): served by the default, or by the
+#: nearest artifact of another shape where lookup finds one; ``--unseen`` times them.
+UNSEEN_SHAPES = {
+    "Phi-3.5-MoE": (16, 4096, 6400, 2),
+    "Qwen1.5-MoE-A2.7B": (60, 2048, 1408, 4),
+    "OLMoE-1B-7B": (64, 2048, 1024, 8),
+}
+SHAPES = {**MODEL_SHAPES, **UNSEEN_SHAPES}
 #: Device time one graph replay holds at least.
 REPLAY_MS = 2.0
 #: Decode-path tiles timed with --menu: (BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages).
@@ -92,7 +100,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, rounds: int, bw: float,
                menu: bool) -> dict[str, Any]:
-    E, K, N, topk = MODEL_SHAPES[name]
+    E, K, N, topk = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(M)
     w1 = (torch.randn((E, 2 * N, K), generator=gen, device="cuda") * K ** -0.5).to(torch.bfloat16)
     w2 = (torch.randn((E, K, N), generator=gen, device="cuda") * N ** -0.5).to(torch.bfloat16)
@@ -169,7 +177,9 @@ def copy_bandwidth(repeats: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sglang", required=True, help="folder holding the sglang wheel's sglang/ tree")
-    p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
+    p.add_argument("--shapes", nargs="*", default=None, choices=list(SHAPES),
+                   help="model shapes to time (default: the tuned ones, or with --unseen the unseen ones)")
+    p.add_argument("--unseen", action="store_true", help="time UNSEEN_SHAPES, shapes the plugin never names")
     p.add_argument("--M", nargs="*", type=int, default=list(space.M_BUCKETS))
     p.add_argument("--sets", type=int, default=8, help="input sets the calls of a replay cycle through")
     p.add_argument("--reps", type=int, default=5, help="replays a timing takes the median of")
@@ -186,7 +196,7 @@ def main() -> None:
     print("model | M | incumbent us | flyreg us | default us | ratio flyreg | ratio default | floor us | "
           "% floor flyreg | % floor default | incumbent config | errors (inc/flyreg/default)", flush=True)
     rows = []
-    for name in a.shapes:
+    for name in a.shapes or list(UNSEEN_SHAPES if a.unseen else MODEL_SHAPES):
         for M in a.M:
             r = bench_cell(mods, name, M, a.sets, a.reps, a.rounds, bw, a.menu)
             torch.cuda.empty_cache()

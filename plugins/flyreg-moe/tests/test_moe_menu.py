@@ -40,3 +40,15 @@ def test_knob_set_parses_json_values_and_rejects_a_bare_name_or_a_repeat() -> No
         moe_menu.knob_set("TMA")
     with pytest.raises(argparse.ArgumentTypeError, match="once"):
         moe_menu.knob_set("TMA=true,TMA=false")
+
+
+def test_the_incumbent_benchmarks_unseen_shapes_are_real_shapes_the_plugin_never_names() -> None:
+    from flyreg_moe import ops
+    from flyreg_moe_bench import vs_incumbent
+
+    tuned = {(w["E"], w["K"], w["N"], w["topk"]) for w in ops.fused_moe.workloads("cuda")}
+    assert len(vs_incumbent.UNSEEN_SHAPES) >= 3
+    for name, (E, K, N, topk) in vs_incumbent.UNSEEN_SHAPES.items():
+        assert name not in MODEL_SHAPES and (E, K, N, topk) not in tuned and E >= 16 and 1 <= topk < E
+        spec = {"E": E, "K": K, "N": N, "topk": topk, "M": 1, "dtype": "bfloat16", "backend": "triton"}
+        assert space.triton_default(spec) in space.triton_configs(spec)  # the default serves them
