@@ -1,13 +1,14 @@
-"""Input validation shared by the Triton and CPU fused-MoE backends: ``fused_moe(x, w1, w2, topk_weights,
-topk_ids)`` takes x [M, K] (unit column stride), w1 [E, 2N, K] and w2 [E, K, N] of x's dtype (bfloat16 or
-float16), topk_weights [M, topk] float32 and topk_ids [M, topk] int32 or int64, all on x's device, all but x
-contiguous. Each failure is a ValueError or TypeError naming the argument."""
+"""Checks of a ``fused_moe(x, w1, w2, topk_weights, topk_ids)`` call and of its Triton knobs: x [M, K] (unit
+column stride), w1 [E, 2N, K] and w2 [E, K, N] of x's dtype (bfloat16 or float16), topk_weights [M, topk] float32
+and topk_ids [M, topk] int32 or int64, all on x's device, all but x contiguous. Each failure is a ValueError or
+TypeError naming the argument."""
 
 from __future__ import annotations
 
 import functools
 import os
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple, cast
 
 import torch
@@ -16,8 +17,6 @@ import torch
 CHECK_IDS_ENV = "FLYREG_MOE_CHECK_IDS"
 #: Each argument's layout, as an error names it.
 LAYOUTS = {"x": "[M, K]", "w1": "[E, 2N, K]", "w2": "[E, K, N]", "topk_weights": "[M, topk]", "topk_ids": "[M, topk]"}
-
-
 #: Validated shape facts of a ``fused_moe`` call.
 MoEArgs = NamedTuple("MoEArgs", [("M", int), ("K", int), ("N", int), ("E", int), ("topk", int), ("x_stride", int)])
 
@@ -66,9 +65,31 @@ def check_moe(x: object, w1: object, w2: object, topk_weights: object, topk_ids:
     return MoEArgs(M, K, N, E, ids.shape[1], x.stride(0) if M > 1 else K)
 
 
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
+                TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False) -> None:
+    """ValueError naming the first knob that is not a power of two >= 16 (tile sizes, tl.dot's least; BLOCK_N_DOWN
+    may be None), an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, DECODE), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16."""
+    tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
+    count, flag = ("an int >= 1", lambda v: _int(v) and v >= 1), ("a bool", lambda v: isinstance(v, bool))
+    for name, value, (what, ok) in (("BLOCK_M", BLOCK_M, tile), ("BLOCK_N", BLOCK_N, tile), ("BLOCK_K", BLOCK_K, tile),
+                                    ("BLOCK_N_DOWN", BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN, tile),
+                                    ("GROUP_M", GROUP_M, count), ("SPLIT_K", SPLIT_K, count), ("TMA", TMA, flag),
+                                    ("DECODE", DECODE, flag)):
+        if not ok(value):
+            raise ValueError(f"fused_moe: {name} must be {what}, got {value!r}")
+    if not _int(TAILS) or TAILS not in (0, 1, 2) or BLOCK_M >> TAILS < 16:
+        raise ValueError("fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, "
+                         f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")
+
+
 def check_ids(topk_ids: torch.Tensor, E: int) -> None:
-    """ValueError naming topk_ids when a value is outside [0, E) (reads the values: a sync on a GPU)."""
-    if topk_ids.numel() == 0:
+    """ValueError naming topk_ids when a value is outside [0, E). It reads the values (a sync on a GPU), so it
+    checks nothing during a CUDA-graph capture."""
+    if topk_ids.numel() == 0 or (topk_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     lo, hi = int(topk_ids.min()), int(topk_ids.max())
     if lo < 0 or hi >= E:
@@ -78,8 +99,8 @@ def check_ids(topk_ids: torch.Tensor, E: int) -> None:
 
 def check_ids_every_call() -> bool:
     """Whether :data:`CHECK_IDS_ENV` (``1``, ``true``, ``on`` or ``yes``) asks for the ids' values to be checked
-    on every call outside CUDA-graph capture, not only on a call signature's first; read when a signature is
-    bound. Another value than those or ``0``, ``false``, ``off``, ``no`` and empty is off, with one warning."""
+    on every call, not only on a call signature's first; read when a signature is bound. Another value than
+    those or ``0``, ``false``, ``off``, ``no`` and empty is off, with one warning."""
     return _check_ids_setting(os.environ.get(CHECK_IDS_ENV, "").strip().lower())
 
 
@@ -89,3 +110,17 @@ def _check_ids_setting(value: str) -> bool:
         warnings.warn(f"{CHECK_IDS_ENV}={value!r} is not 1 or 0 (or true/false, on/off, yes/no); ids are checked "
                       "on a call signature's first call only", RuntimeWarning, stacklevel=3)
     return value in ("1", "true", "on", "yes")
+
+
+Launch = Callable[..., torch.Tensor]
+
+
+def ids_checked(run: Launch, E: int) -> Launch:
+    """``run`` checking the ids' values (:func:`check_ids`) on every call where :func:`check_ids_every_call`."""
+
+    def checked(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+        check_ids(topk_ids, E)
+        return run(x, w1, w2, topk_weights, topk_ids)
+
+    return checked if check_ids_every_call() else run

@@ -1,28 +1,21 @@
-"""The decode path of the fused MoE: two launches, no routing kernels, each selected expert's weights read once.
+"""The decode path of the fused MoE (knob ``DECODE``): two launches, no routing, each selected expert's weights
+read once per token tile. The rows of a tile are the tokens themselves (M up to ``BLOCK_M``), not sorted pairs.
 
-Where few tokens come (M up to a row tile, ``BLOCK_M``), the rows of a tile are the tokens themselves, not
-sorted pairs, so nothing has to be sorted:
+GEMM 1 (:func:`_decode_gate_up_kernel`), a program per (selected expert, column tile, token tile): every program
+finds the selected experts from the ids (a presence vector, in expert order) and takes the one its first grid
+index ranks; it stores ``h = topk_weight * silu(x @ gate) * (x @ up)`` for the tokens that chose the expert, at the
+row of their first pair with it (a token that names one expert twice has its weights summed there). Program 0
+also writes the list of selected experts and zeroes GEMM 2's arrival counters.
 
-* GEMM 1 (:func:`_decode_gate_up_kernel`), a program per (selected expert, column tile, token tile): every
-  program finds the selected experts from the ids (a presence vector, in expert order) and takes the one its
-  first grid index ranks; it multiplies the tile's tokens by that expert's gate and up columns and stores
-  ``h = topk_weight * silu(gate) * up`` for the tokens that chose the expert, at the row of their first pair
-  with it (the weights of a token that names one expert twice are summed there). Program 0 also writes the
-  list of selected experts and zeroes GEMM 2's arrival counters.
-* GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile, selected expert, token tile), so
-  its grid grows with the experts as GEMM 1's does: it stores its float32 product at the rows of the pairs
-  that chose its expert, then counts itself in on its (column tile, token tile); the last to arrive sums
-  each token's pairs in top-k order (a fixed order, whichever program comes last) and writes ``out``.
-  A pair whose expert is outside [0, E) is never computed and adds nothing.
-
-Weight bytes read: each selected expert's w1 and w2 once per token tile (once for M <= BLOCK_M). Knobs:
-``BLOCK_M`` (tokens a tile), ``BLOCK_N`` (GEMM 1's gate and up columns a program), ``BLOCK_N_DOWN`` (GEMM 2's
-output columns a program), ``BLOCK_K`` (reduction depth a step) and the hints.
+GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile, selected expert, token tile): it stores
+its float32 product at the rows of the pairs that chose its expert, then counts itself in on its (column tile,
+token tile); the last to arrive sums each token's pairs in top-k order (a fixed order, whichever program comes
+last) and writes ``out``. A pair whose expert is outside [0, E) is never computed and adds nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -30,8 +23,10 @@ import triton.language as tl
 
 from flyreg.triton import compiled_launcher, dependent_start, hints, interpreted, pdl_supported
 
-from . import routing
+from .checks import Launch, MoEArgs
 from .gemm_kernels import _mma
+from .routing import chunk_size
+from .space import next_pow2
 
 
 @triton.jit
@@ -159,46 +154,43 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
 
 
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, M: int, K: int,
-                N: int, E: int, topk: int, x_stride: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
-                BLOCK_N_DOWN: int, num_warps: int | None, num_stages: int | None) -> Callable[..., torch.Tensor]:
-    """The launcher of decode-path calls shaped like this one (checked by the caller), compiled here:
+                topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
+                num_warps: int | None, num_stages: int | None) -> Launch:
+    """The launcher of decode-path calls shaped like this one (``shape``, checked by the caller), compiled here:
     ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches."""
-    P, dtype, device = M * topk, x.dtype, x.device
-    e_p2 = max(16, routing.next_pow2(E))
+    (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
+    P, e_p2, topk_p2 = M * topk, max(16, next_pow2(E)), next_pow2(topk)
     slots, token_tiles, col_tiles = min(P, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
-    n_counts = col_tiles * token_tiles
-    upcast = interpreted() and dtype == torch.bfloat16
-    pdl = pdl_supported(device)
+    n_counts, upcast, pdl = col_tiles * token_tiles, interpreted() and dtype == torch.bfloat16, pdl_supported(device)
+
+    def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,
+                    ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        # A call's fresh buffers (h, GEMM 2's float32 products, the selected experts, the arrival counters, out),
+        # as the two launches' arguments.
+        h, y = torch.empty((P, N), dtype=dtype, device=device), torch.empty((P, K), dtype=torch.float32, device=device)
+        experts, counts = (torch.empty(n, dtype=torch.int32, device=device) for n in (1 + e_p2, n_counts))
+        out, ids = torch.empty((M, K), dtype=dtype, device=device), ids.view(-1)
+        return ((x, w1, h, ids, tw.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K),
+                (h, w2, y, out, ids, experts, counts, M, E, topk, N, K))
+
+    up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
     tile_hints = hints(num_warps, num_stages, pdl=pdl)
-    topk_p2 = routing.next_pow2(topk)
-
-    def buffers() -> tuple[torch.Tensor, ...]:
-        return (torch.empty((P, N), dtype=dtype, device=device), torch.empty((P, K), dtype=torch.float32, device=device),
-                torch.empty(1 + e_p2, dtype=torch.int32, device=device),
-                torch.empty(n_counts, dtype=torch.int32, device=device), torch.empty((M, K), dtype=dtype, device=device))
-
-    h, y, experts, counts, out = buffers()
-    ids = topk_ids.view(-1)
     gate_up = compiled_launcher(
-        _decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles),
-        (x, w1, h, ids, topk_weights.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K),
-        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": e_p2,
-         "CHUNK": routing.chunk_size(E), "TOPK_P2": topk_p2, "COUNTS_P2": routing.next_pow2(n_counts),
-         "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast, "PDL": pdl},
-        tile_hints, device)
+        _decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles), up,
+        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": e_p2, "CHUNK": chunk_size(E),
+         "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts), "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast,
+         "PDL": pdl}, tile_hints, device)
     down = compiled_launcher(
-        _decode_down_kernel, (col_tiles, slots, token_tiles), (h, w2, y, out, ids, experts, counts, M, E, topk, N, K),
+        _decode_down_kernel, (col_tiles, slots, token_tiles), down_args,
         {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
          "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl},
         tile_hints, device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        h, y, experts, counts, out = buffers()
-        ids = topk_ids.view(-1)
-        gate_up(x, w1, h, ids, topk_weights.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K)
-        down(h, w2, y, out, ids, experts, counts, M, E, topk, N, K)
-        return out
+        up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
+        gate_up(*up)
+        down(*down_args)
+        return down_args[3]
 
     return run

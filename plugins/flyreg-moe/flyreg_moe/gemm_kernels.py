@@ -3,15 +3,12 @@
 Both GEMMs walk the routing's row tiles (:mod:`.routing`), each ``BLOCK_M`` slots of ``sorted_ids`` of one expert;
 a slot's pair ``p`` reads row ``p // topk`` of x (GEMM 1) or row ``p`` of h (GEMM 2), and a padding slot reads row
 0 and stores nothing. Programs walk ``GROUP_M`` row tiles per column tile, so a group shares its weight tile in L2.
-
-* GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)``, both in one program.
-* GEMM 2 (:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, the reduction over N optionally split
-  ``SPLIT_K`` ways (a second grid axis) into float32 partials.
-* :func:`_reduce_kernel`: ``out[m] = sum_j sum_s y_s[m * topk + j]`` over the routed pairs.
-
-With ``TMA``, ``W1`` (``W2``) is a tensor descriptor over w1 as [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N,
-BLOCK_K] blocks, zero-filled past the reduction's end. GROUP_M and SPLIT_K are runtime arguments, so configs that
-differ only in them share one binary.
+GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)`` in one program. GEMM 2
+(:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, the reduction over N optionally split
+``SPLIT_K`` ways (a second grid axis) into float32 partials. :func:`_reduce_kernel`: ``out[m] = sum_j sum_s
+y_s[m * topk + j]`` over the routed pairs. With ``TMA``, ``W1`` (``W2``) is a tensor descriptor over w1 as
+[E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K] blocks, zero-filled past the reduction's end. GROUP_M
+and SPLIT_K are runtime arguments, so configs that differ only in them share one binary.
 """
 
 from __future__ import annotations
@@ -39,45 +36,25 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _rows(SORTED, pid_m, P, BLOCK_M: tl.constexpr):
-    # The tile's pair indices and which slots hold a pair (padding slots hold the sentinel P).
-    pairs = tl.load(SORTED + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pairs < P
-    return tl.where(valid, pairs, 0), valid
-
-
-@triton.jit
-def _slots(SORTED, start, rows, P, BLOCK_M: tl.constexpr):
-    # The pair indices of a table tile's ``rows`` slots from ``start`` (BLOCK_M >= rows) and which hold a pair.
-    i = tl.arange(0, BLOCK_M)
-    pairs = tl.load(SORTED + start + i, mask=i < rows, other=P)
-    valid = pairs < P
-    return tl.where(valid, pairs, 0), valid
-
-
-@triton.jit
 def _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M: tl.constexpr, TABLE: tl.constexpr):
-    # Row tile pid_m's pairs, which of its slots hold one, and its expert (int64): the tile's BLOCK_M rows
-    # of SORTED, or (TABLE) ``rows`` slots from ``start``.
+    # Row tile pid_m's pairs, which of its slots hold one (padding slots hold the sentinel P), and its expert
+    # (int64): the tile's BLOCK_M rows of SORTED, or (TABLE) ``rows`` slots from ``start`` (BLOCK_M >= rows).
+    i = tl.arange(0, BLOCK_M)
     if TABLE:
-        pairs, valid = _slots(SORTED, start, rows, P, BLOCK_M)
+        pairs = tl.load(SORTED + start + i, mask=i < rows, other=P)
     else:
-        pairs, valid = _rows(SORTED, pid_m, P, BLOCK_M)
-    return pairs, valid, tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
+        pairs = tl.load(SORTED + pid_m * BLOCK_M + i)
+    valid = pairs < P
+    return tl.where(valid, pairs, 0), valid, tl.load(BLOCK_EXPERT + pid_m).to(tl.int64)
 
 
-@triton.jit
-def _tile_slots(TABLE, pid_m, tiles_m):
-    # (first slot, slots) of row tile pid_m in the routing's tile table.
-    return tl.load(TABLE + 1 + pid_m), tl.load(TABLE + 1 + tiles_m + pid_m)
-
-
-# x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors.
 @triton.jit(do_not_specialize=["P", "tiles_m", "group_m", "topk"])
 def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, topk, x_stride, N, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
                     TAILS: tl.constexpr = 0):
+    # x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors. With
+    # TAILS, USED is the routing's tile table [tiles in use, each tile's first slot, each tile's slots].
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(N, BLOCK_N), group_m)
     if TAILS == 0:
         if pid_m * BLOCK_M >= tl.load(USED):
@@ -87,7 +64,7 @@ def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, t
     else:
         if pid_m >= tl.load(USED):
             return
-        start, rows = _tile_slots(USED, pid_m, tiles_m)
+        start, rows = tl.load(USED + 1 + pid_m), tl.load(USED + 1 + tiles_m + pid_m)
         if rows > BLOCK_M // 2:
             _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, topk, x_stride, N, K,
                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, UPCAST, TMA, True)
@@ -168,7 +145,7 @@ def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group
     else:
         if pid_m >= tl.load(USED):
             return
-        start, rows = _tile_slots(USED, pid_m, tiles_m)
+        start, rows = tl.load(USED + 1 + pid_m), tl.load(USED + 1 + tiles_m + pid_m)
         if rows > BLOCK_M // 2:
             _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, start, rows, P, k_tiles_per_split,
                        N, K, BLOCK_M, BLOCK_N, BLOCK_K, PARTIAL, EVEN_K, EVEN_N, UPCAST, TMA, True)

@@ -1,23 +1,20 @@
 """Triton routing kernels: the token-expert pairs sorted by expert, each expert's run padded to the row tile.
 
 Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The routing writes ``sorted_ids``
-[rows] (pair indices grouped by expert, in pair order, each expert's run padded with the sentinel ``P`` to a
-multiple of ``BLOCK_M``), ``block_expert`` (each row tile's expert) and ``rows_used`` (row tiles at or past it
-have no work). With tail tiles (``TAILS`` > 0) runs are padded to ``BLOCK_M >> TAILS`` rows and cut into tiles
-of ``BLOCK_M``, each expert's last tile holding what is left, listed in the tile table [tiles in use, each
-tile's first slot, each tile's slots]. ``rows`` (:meth:`RoutingPlan.of`) holds for every routing, so the
-GEMMs' grid depends on the shapes alone. Three launches: per-chunk expert counts (and the sentinel fill), one program
-turning counts into offsets and tile experts, and the scatter. A pair whose expert is outside [0, E) is routed
-nowhere: no GEMM computes it, and the top-k reduction adds nothing for it.
-
-:class:`RoutingPlan` sizes a call signature's routing, lays out its int32 workspace (the sorted pair ids, each
-row tile's expert, the rows in use, the tile table, the per-chunk expert counts) and binds the launches once.
+(pair indices grouped by expert, in pair order, each expert's run padded with the sentinel ``P`` to a multiple of
+``BLOCK_M``), ``block_expert`` (each row tile's expert) and ``used`` (row tiles at or past it have no work). With
+``TAILS`` > 0 runs are padded to ``BLOCK_M >> TAILS`` rows and cut into tiles of ``BLOCK_M``, each expert's last
+tile holding what is left, listed in the tile table [tiles in use, each tile's first slot, each tile's slots].
+Three launches: per-chunk expert counts (and the sentinel fill), one program turning counts into offsets and tile
+experts, and the scatter. A pair whose expert is outside [0, E) is routed nowhere: no GEMM computes it, and the
+top-k reduction adds nothing for it. :class:`RoutingPlan` sizes a call signature's routing from the shapes alone
+(so the GEMMs' grids depend on them alone), lays out its int32 workspace and binds the launches once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import torch
@@ -25,6 +22,8 @@ import triton
 import triton.language as tl
 
 from flyreg.triton import compiled_launcher, hints
+
+from .space import next_pow2
 
 #: Elements of a chunk's one-hot tile (CHUNK pairs x next_pow2(E) experts).
 ONE_HOT_ELEMS = 16384
@@ -37,10 +36,6 @@ TABLE_TILES = 32
 FILL_BLOCK = 1024
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def chunk_size(E: int) -> int:
     """Pairs a routing program takes: a one-hot tile of at most :data:`ONE_HOT_ELEMS` elements."""
     return max(16, min(1024, ONE_HOT_ELEMS // next_pow2(max(E, 16))))
@@ -50,16 +45,10 @@ def _aligned(n: int) -> int:
     return -(-n // 16) * 16
 
 
-@attrs.frozen
-class RoutingViews:
-    """The workspace's parts: ``used`` is the rows in use, ``table`` what the GEMMs read as USED (the tile
-    table with tail tiles, else ``used``)."""
-
-    sorted_ids: torch.Tensor
-    block_expert: torch.Tensor
-    used: torch.Tensor
-    table: torch.Tensor
-    counts: torch.Tensor
+#: The workspace's parts: ``used`` is the rows in use, ``table`` what the GEMMs read as USED (the tile table with
+#: tail tiles, else ``used``), ``counts`` the per-chunk expert counts.
+RoutingViews = NamedTuple("RoutingViews", [("sorted_ids", torch.Tensor), ("block_expert", torch.Tensor),
+                                           ("used", torch.Tensor), ("table", torch.Tensor), ("counts", torch.Tensor)])
 
 
 @attrs.frozen

@@ -1,15 +1,14 @@
-"""Config spaces and no-search defaults of the fused MoE.
+"""Config spaces and no-search defaults of the fused MoE, for a spec ``{"E", "N", "K", "topk", "M": m_bucket(rows),
+"dtype", "backend"}``.
 
-A spec is ``{"E", "N", "K", "topk", "M": m_bucket(rows), "dtype", "backend"}``. Triton knobs: ``BLOCK_M`` (rows
-of a tile, also the routing's alignment), ``BLOCK_N`` (output columns of a tile: GEMM 1 computes as many gate and
-as many up columns), ``BLOCK_K`` (reduction depth a step), ``GROUP_M`` (row tiles a group of programs walks per
-column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split) and the hints ``num_warps`` and
-``num_stages``. Optional knobs, absent meaning off: ``TMA=True`` (both GEMMs read weight tiles through tensor
-descriptors; offered where :func:`tma_fits`, and a GPU before Hopper runs the pointer loads), ``TAILS`` (1 or 2:
-each expert's run padded to ``BLOCK_M >> TAILS`` rows, its last tile that high; offered where :func:`tails_fit`),
-``BLOCK_N_DOWN`` (256: GEMM 2 tiles twice as wide as GEMM 1's 128 columns, where :func:`wide_down_fits`) and
-``DECODE=True`` (:mod:`.decode`: two launches, tokens as a tile's rows, offered up to :data:`DECODE_ROWS` rows by
-:func:`decode_configs`). CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`).
+Triton knobs: ``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output columns of a tile:
+GEMM 1 computes as many gate and as many up columns), ``BLOCK_K`` (reduction depth a step), ``GROUP_M`` (row tiles
+a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split), the hints
+``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
+descriptors where :func:`tma_fits`; a GPU before Hopper takes pointer loads), ``TAILS`` (1 or 2: each expert's run
+padded to ``BLOCK_M >> TAILS`` rows, its last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's
+columns, 256 beside GEMM 1's 128 where :func:`wide_down_fits`) and ``DECODE=True`` (:mod:`.decode`, up to
+:data:`DECODE_ROWS` rows). CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`).
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
 #: The values each knob and hint takes in the spaces.
 BLOCK_MS, BLOCK_NS, BLOCK_KS = (16, 32, 64, 128), (32, 64, 128, 256), (64, 128, 256)
 GROUP_MS, SPLIT_KS, WARPS, STAGES = (1, 4, 8, 16, 32), (1, 2, 4, 8), (4, 8), (2, 3, 4, 5)
-#: Halvings of BLOCK_M an expert's last row tile may take (0: none).
-TAILS = (0, 1, 2)
-#: GEMM 2's output columns a tile may take beside GEMM 1's BLOCK_N = 128.
-WIDE_DOWN = 256
+#: Halvings of BLOCK_M an expert's last row tile may take (0: none), and GEMM 2's columns beside GEMM 1's 128.
+TAILS, WIDE_DOWN = (0, 1, 2), 256
 
 #: Shared memory a program may use on the H200 (227 KiB a block), less room for the epilogue.
 SMEM_BYTES = 227 * 1024 - 8 * 1024
@@ -52,11 +49,12 @@ DECODE_ROWS = 64
 #: against 51.6 us) and came within 4 % of the menu's best in all 20 cells.
 DECODE_DEFAULT_ROWS = 16
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
-DECODE_NS = (16, 32, 64, 128)
-DECODE_N_DOWNS = (16, 32, 64, 128)
+DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)
+#: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
+CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -92,12 +90,13 @@ def wide_down_fits(bm: int, bn: int, bk: int, warps: int, stages: int, K: int) -
     """Whether GEMM 2 may take :data:`WIDE_DOWN` output columns under a GEMM 1 tile of ``bn`` = 128 columns: K
     spans such a tile, and its accumulator and pipeline fit the registers and shared memory."""
     return (bn == 128 and K >= WIDE_DOWN and bm * WIDE_DOWN <= MAX_ACC_PER_THREAD * 32 * warps
-            and stages * (bm * bk + bk * WIDE_DOWN) * 2 <= SMEM_BYTES)
+            and _smem(bm, bk, WIDE_DOWN, stages) <= SMEM_BYTES)
 
 
-def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
-    """Shared memory of GEMM 1's pipeline (x tile and the gate and up tiles, 2 bytes an element)."""
-    return stages * (bm * bk + 2 * bk * bn) * 2
+def _smem(bm: int, bk: int, cols: int, stages: int) -> int:
+    """Shared memory of a GEMM's pipeline: a ``bm`` x ``bk`` input tile and a ``bk`` x ``cols`` weight tile a stage
+    (GEMM 1's gate and up tiles: 2 * BLOCK_N columns), 2 bytes an element."""
+    return stages * (bm * bk + bk * cols) * 2
 
 
 def _groups(spec: Mapping[str, Any]) -> list[int]:
@@ -110,15 +109,14 @@ def _groups(spec: Mapping[str, Any]) -> list[int]:
 def _config(bm: int, bn: int, bk: int, group: int, split: int, tma: bool, tails: int, down: int | None,
             warps: int, stages: int) -> Config:
     """A grouped-path config, its optional knobs present only where on."""
-    knobs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
-             **({"TMA": True} if tma else {}), **({"TAILS": tails} if tails else {}),
-             **({"BLOCK_N_DOWN": down} if down else {})}
-    return Config(knobs, num_warps=warps, num_stages=stages)
+    optional = {"TMA": tma, "TAILS": tails, "BLOCK_N_DOWN": down}
+    return Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": split,
+                   **{k: v for k, v in optional.items() if v}}, num_warps=warps, num_stages=stages)
 
 
 def decode_block_m(M: int) -> int:
     """The decode path's token tile at M rows: every token in one tile (at least 16 rows, for tl.dot)."""
-    return max(BLOCK_MS[0], _next_pow2(M))
+    return max(BLOCK_MS[0], next_pow2(M))
 
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
@@ -128,30 +126,22 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
     if M > DECODE_ROWS:
         return []
     bm = decode_block_m(M)
-    out = []
-    for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES):
-        # Triton's decode GEMM 1 took its pipeline plus three float32 tiles of its accumulator's size (262144 bytes
-        # for 64 x 128 x 128 in 2 stages, on the H100); GEMM 2 is counted alike with one.
-        if max(_smem(bm, bn, bk, stages) + 3 * bm * bn * 4,
-               stages * (bm * bk + bk * bnd) * 2 + bm * bnd * 4) > SMEM_BYTES:
-            continue
-        if warps == 8 and bm * max(bn, bnd) < 4096:  # 8 warps only where each holds 16 accumulator rows
-            continue
-        out.append(Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1,
-                           "BLOCK_N_DOWN": bnd, "DECODE": True}, num_warps=warps, num_stages=stages))
-    return out
+    # Triton's decode GEMM 1 took its pipeline plus three float32 tiles of its accumulator's size (262144 bytes for
+    # 64 x 128 x 128 in 2 stages, on the H100); GEMM 2 is counted alike with one. 8 warps only where each holds 16
+    # accumulator rows.
+    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
+                    "DECODE": True}, num_warps=warps, num_stages=stages)
+            for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES)
+            if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4, _smem(bm, bk, bnd, stages) + bm * bnd * 4)
+            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
     """The decode path's no-search config, a member of :func:`decode_configs`: GEMM 1 32 columns, GEMM 2 64, 128
     deep, 4 warps, 5 stages (fewer where a 64-token tile's pipeline would not fit shared memory)."""
-    offered = decode_configs(spec)
-    for stages in (5, 4, 3, 2):
-        config = Config({"BLOCK_M": decode_block_m(shape(spec)[0]), "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1,
-                         "SPLIT_K": 1, "BLOCK_N_DOWN": 64, "DECODE": True}, num_warps=4, num_stages=stages)
-        if config in offered:
-            return config
-    raise AssertionError(f"fused_moe: no decode default fits {spec}")  # unreachable: 2 stages fit 64 rows
+    return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and
+                (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == (32, 64, 128)),
+               key=lambda c: c.hints["num_stages"])
 
 
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
@@ -159,12 +149,12 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     the decode path's (:func:`decode_configs`)."""
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
-    max_bm = max(BLOCK_MS[0], _next_pow2(r))
+    max_bm = max(BLOCK_MS[0], next_pow2(r))
     groups = _groups(spec)
     tmas = (False, True) if tma_fits(E, N, K) else (False,)
     out = []
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
-        if (bm > max_bm or _smem(bm, bn, bk, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps
+        if (bm > max_bm or _smem(bm, bk, 2 * bn, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps
                 or (warps == 8 and bm * bn < 4096)):  # 8 warps only with 16 or more accumulator rows a warp
             continue
         splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and -(-N // bk) >= 2 * s)]
@@ -187,7 +177,7 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
         return decode_default(spec)
     r = rows_per_expert(spec)
     _, bm, bn, bk, warps, stages, group, tails = next(t for t in DEFAULT_TILES if r <= t[0])
-    bm = min(bm, max(BLOCK_MS[0], _next_pow2(r)))
+    bm = min(bm, max(BLOCK_MS[0], next_pow2(r)))
     group = max(g for g in _groups(spec) if g <= group)
     tma = r > 16 and tma_fits(E, N, K)
     tails = max(t for t in TAILS if t <= tails and tails_fit(r, bm, t))
@@ -208,10 +198,6 @@ def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int, bn_down: i
         while split < SPLIT_KS[-1] and programs * split < SMS and -(-N // bk) >= 4 * 2 * split:
             split *= 2
     return split
-
-
-#: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
-CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
