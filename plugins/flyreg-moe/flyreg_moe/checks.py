@@ -15,6 +15,8 @@ import torch
 
 #: The setting that turns on checking the ids' values on every call (see :func:`check_ids_every_call`).
 CHECK_IDS_ENV = "FLYREG_MOE_CHECK_IDS"
+#: A bound launcher: ``run(x, w1, w2, topk_weights, topk_ids) -> out``.
+Launch = Callable[..., torch.Tensor]
 #: Each argument's layout, as an error names it.
 LAYOUTS = {"x": "[M, K]", "w1": "[E, 2N, K]", "w2": "[E, K, N]", "topk_weights": "[M, topk]", "topk_ids": "[M, topk]"}
 #: Validated shape facts of a ``fused_moe`` call.
@@ -98,9 +100,9 @@ def check_ids(topk_ids: torch.Tensor, E: int) -> None:
 
 
 def check_ids_every_call() -> bool:
-    """Whether :data:`CHECK_IDS_ENV` (``1``, ``true``, ``on`` or ``yes``) asks for the ids' values to be checked
-    on every call, not only on a call signature's first; read when a signature is bound. Another value than
-    those or ``0``, ``false``, ``off``, ``no`` and empty is off, with one warning."""
+    """Whether :data:`CHECK_IDS_ENV` (``1``, ``true``, ``on`` or ``yes``; read when a signature is bound) asks for
+    the ids' values to be checked on every call; any value but those, ``0``, ``false``, ``off``, ``no`` and empty
+    is off, with one warning."""
     return _check_ids_setting(os.environ.get(CHECK_IDS_ENV, "").strip().lower())
 
 
@@ -110,9 +112,6 @@ def _check_ids_setting(value: str) -> bool:
         warnings.warn(f"{CHECK_IDS_ENV}={value!r} is not 1 or 0 (or true/false, on/off, yes/no); ids are checked "
                       "on a call signature's first call only", RuntimeWarning, stacklevel=3)
     return value in ("1", "true", "on", "yes")
-
-
-Launch = Callable[..., torch.Tensor]
 
 
 def ids_checked(run: Launch, E: int) -> Launch:

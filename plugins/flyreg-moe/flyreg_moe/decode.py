@@ -165,8 +165,7 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
 
     def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,
                     ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        # A call's fresh buffers (h, GEMM 2's float32 products, the selected experts, the arrival counters, out),
-        # as the two launches' arguments.
+        # A call's fresh buffers (h, GEMM 2's products, the selected experts, arrival counters, out) in its arguments.
         h, y = torch.empty((P, N), dtype=dtype, device=device), torch.empty((P, K), dtype=torch.float32, device=device)
         experts, counts = (torch.empty(n, dtype=torch.int32, device=device) for n in (1 + e_p2, n_counts))
         out, ids = torch.empty((M, K), dtype=dtype, device=device), ids.view(-1)
@@ -191,6 +190,6 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
         up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
         gate_up(*up)
         down(*down_args)
-        return down_args[3]
+        return down_args[3]  # out
 
     return run

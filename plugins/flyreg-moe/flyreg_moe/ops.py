@@ -44,19 +44,14 @@ def make_moe_inputs(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtyp
     """Random call arguments, drawn on ``device``: unit-variance activations, weights scaled so every
     stage stays near unit variance, each token routed to ``topk`` distinct experts with softmax weights."""
     g = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(shape, generator=g, device=device) * scale).to(dtype)
-
-    logits = torch.randn((M, E), generator=g, device=device)
+    logits, x, w1, w2 = (torch.randn(s, generator=g, device=device) for s in ((M, E), (M, K), (E, 2 * N, K), (E, K, N)))
     top, ids = torch.topk(logits, topk, dim=1)
-    return (randn(M, K), randn(E, 2 * N, K, scale=K ** -0.5), randn(E, K, N, scale=N ** -0.5),
-            torch.softmax(top, dim=1), ids.to(torch.int32))
+    return (x.to(dtype), (w1 * K ** -0.5).to(dtype), (w2 * N ** -0.5).to(dtype), torch.softmax(top, dim=1),
+            ids.to(torch.int32))
 
 
 def _make_inputs(spec: dict[str, Any], device: str) -> tuple[torch.Tensor, ...]:
-    M, E, N, K, topk = space.shape(spec)
-    return make_moe_inputs(M, E, N, K, topk, getattr(torch, str(spec["dtype"])), device)
+    return make_moe_inputs(*space.shape(spec), getattr(torch, str(spec["dtype"])), device)
 
 
 def _work(spec: dict[str, Any]) -> Work:

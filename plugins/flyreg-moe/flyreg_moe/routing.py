@@ -13,6 +13,7 @@ top-k reduction adds nothing for it. :class:`RoutingPlan` sizes a call signature
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,20 +30,14 @@ from .space import next_pow2
 ONE_HOT_ELEMS = 16384
 #: Rows of chunk counts the offsets program reads at once.
 SCAN_ROWS = 64
-#: Row tiles the offsets program labels at once, and sentinel slots a count program fills a step.
-LABEL_TILES = 256
-#: Row tiles the tile table is written for at once (three [tiles, experts] selections a step, not one).
-TABLE_TILES = 32
-FILL_BLOCK = 1024
+#: Row tiles the offsets program labels at once, and the tile table is written for at once (three [tiles,
+#: experts] selections a step, not one), and sentinel slots a count program fills a step.
+LABEL_TILES, TABLE_TILES, FILL_BLOCK = 256, 32, 1024
 
 
 def chunk_size(E: int) -> int:
     """Pairs a routing program takes: a one-hot tile of at most :data:`ONE_HOT_ELEMS` elements."""
     return max(16, min(1024, ONE_HOT_ELEMS // next_pow2(max(E, 16))))
-
-
-def _aligned(n: int) -> int:
-    return -(-n // 16) * 16
 
 
 #: The workspace's parts: ``used`` is the rows in use, ``table`` what the GEMMs read as USED (the tile table with
@@ -76,14 +71,12 @@ class RoutingPlan:
         return cls(P, E, block_m, tails, rows, tiles, triton.cdiv(P, chunk_size(E)), max(16, next_pow2(E)))
 
     def workspace(self, device: torch.device) -> RoutingViews:
-        """A fresh workspace (one allocation), as views."""
-        at_expert, table = _aligned(self.rows), 1 + 2 * self.tiles if self.tails else 0
-        at_used = at_expert + _aligned(self.tiles)
-        at_counts = at_used + 16 + _aligned(table)
-        ws = torch.empty(at_counts + self.chunks * self.e_p2, dtype=torch.int32, device=device)
-        used = ws[at_used:at_used + 1]
-        return RoutingViews(ws[:self.rows], ws[at_expert:at_expert + self.tiles], used,
-                            ws[at_used + 16:at_used + 16 + table] if self.tails else used, ws[at_counts:])
+        """A fresh workspace (one allocation, each part at a multiple of 16 elements), as views."""
+        sizes = (self.rows, self.tiles, 1, 1 + 2 * self.tiles if self.tails else 0, self.chunks * self.e_p2)
+        starts = [0, *itertools.accumulate(-(-n // 16) * 16 for n in sizes)]
+        ws = torch.empty(starts[-1], dtype=torch.int32, device=device)
+        sorted_ids, block_expert, used, table, counts = (ws[at:at + n] for at, n in zip(starts, sizes))
+        return RoutingViews(sorted_ids, block_expert, used, table if self.tails else used, counts)
 
     def launcher(self, ids: torch.Tensor, views: RoutingViews) -> Callable[[torch.Tensor, RoutingViews], None]:
         """``route(ids, views)``: the three routing launches, compiled here for ids like ``ids`` (flat)."""

@@ -1,7 +1,4 @@
-"""The fused MoE on the GPU, bound once per call signature (:func:`bind_fused_moe`): six launches (three of
-routing, GEMM 1, GEMM 2, the top-k reduction) or, with the knob ``DECODE``, the two of :mod:`.decode`. Grids come
-from the shapes alone (:class:`.routing.RoutingPlan`) and no launch waits on the host, so a CUDA graph can capture
-a call."""
+"""The fused MoE on the GPU, bound once per call signature: :func:`bind_fused_moe`."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ def _tma_aligned(w1: torch.Tensor, w2: torch.Tensor) -> bool:
 
 def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_n_down: int,
                         block_k: int) -> tuple[Any, Any]:
-    """Host-side tensor descriptors of w1 as [E * 2N, K] rows in [block_n, block_k] blocks and of w2 as
-    [E * K, N] rows in [block_n_down, block_k] blocks."""
+    """Host-side tensor descriptors of the weights, as :mod:`.gemm_kernels` reads them with ``TMA``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     E, two_n, K = w1.shape
@@ -48,11 +44,13 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                    DECODE: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None) -> Launch:
     """The launcher of calls shaped like this one, ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, with
-    the knobs :mod:`.space` describes, checked and compiled here. The ids' values are checked here, and on every
-    call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`).
-    ``TMA`` reads the weight tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has TMA
-    (:func:`tma_hardware`) and a call's weights are 16-byte aligned (the others take pointer loads, compiled here
-    too). ``DECODE`` takes BLOCK_M, BLOCK_N, BLOCK_N_DOWN and BLOCK_K; the other knobs are checked and unused."""
+    the knobs :mod:`.space` describes, checked and compiled here: six launches (three of routing, GEMM 1, GEMM 2,
+    the top-k reduction) whose grids come from the shapes alone and which never wait on the host, so a CUDA graph
+    can capture a call. The ids' values are checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1``
+    (:func:`.checks.ids_checked`). ``TMA`` reads the weight tiles by descriptors where :func:`.space.tma_fits` the
+    shapes, the device has TMA (:func:`tma_hardware`) and a call's weights are 16-byte aligned (the others take
+    pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode`, which take BLOCK_M, BLOCK_N,
+    BLOCK_N_DOWN and BLOCK_K (the other knobs are checked and unused)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     check_ids(topk_ids, E)
@@ -62,15 +60,12 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     if DECODE:
         return ids_checked(decode.bind_decode(x, w1, w2, topk_weights, topk_ids, shape, BLOCK_M, BLOCK_N, BLOCK_K,
                                               bn_down, num_warps, num_stages), E)
-    P = M * topk
+    P, k_tiles, reduce_block = M * topk, triton.cdiv(N, BLOCK_K), min(REDUCE_BLOCK, space.next_pow2(K))
     plan = routing.RoutingPlan.of(P, E, BLOCK_M, TAILS)
-    tiles_m, k_tiles = plan.tiles, triton.cdiv(N, BLOCK_K)
-    per_split = triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))
+    tiles_m, per_split = plan.tiles, triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))
     split = triton.cdiv(k_tiles, per_split)  # no split left without work
-    reduce_block = min(REDUCE_BLOCK, space.next_pow2(K))
     consts = {"BLOCK_M": BLOCK_M, "BLOCK_K": BLOCK_K, "UPCAST": interpreted() and dtype == torch.bfloat16,
               "TAILS": TAILS}
-    tile_hints = hints(num_warps, num_stages)
 
     def launch_args(x: torch.Tensor, wa: Any, wb: Any, tw: torch.Tensor,
                     ids: torch.Tensor) -> tuple[tuple[Any, ...], ...]:
@@ -90,10 +85,10 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         # GEMM 1 and GEMM 2 launchers, with weight tiles by TMA (wa, wb: descriptors) or by pointers (w1, w2).
         return (compiled_launcher(gk._gate_up_kernel, (tiles_m * triton.cdiv(N, BLOCK_N),), (x, wa, *up[2:]),
                                   {**consts, "BLOCK_N": BLOCK_N, "EVEN_K": K % BLOCK_K == 0,
-                                   "EVEN_N": N % BLOCK_N == 0, "TMA": tma}, tile_hints, device),
+                                   "EVEN_N": N % BLOCK_N == 0, "TMA": tma}, hints(num_warps, num_stages), device),
                 compiled_launcher(gk._down_kernel, (tiles_m * triton.cdiv(K, bn_down), split), (down[0], wb, *down[2:]),
                                   {**consts, "BLOCK_N": bn_down, "PARTIAL": split > 1, "EVEN_K": N % BLOCK_K == 0,
-                                   "EVEN_N": K % bn_down == 0, "TMA": tma}, tile_hints, device))
+                                   "EVEN_N": K % bn_down == 0, "TMA": tma}, hints(num_warps, num_stages), device))
 
     tma = TMA and space.tma_fits(E, N, K, x.element_size()) and tma_hardware(device) and _tma_aligned(w1, w2)
     # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
@@ -107,13 +102,10 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
             topk_ids: torch.Tensor) -> torch.Tensor:
         on = tma and _tma_aligned(w1, w2)
         weights = _weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K) if on else (w1, w2)
-        routed, up, down, reduced = launch_args(x, *weights, topk_weights, topk_ids)
-        gate_up_kernel, down_kernel = launchers[on]
-        route(*routed)
-        gate_up_kernel(*up)
-        down_kernel(*down)
-        reduce(*reduced)
-        return reduced[2]
+        calls = launch_args(x, *weights, topk_weights, topk_ids)
+        for launch, args in zip((route, *launchers[on], reduce), calls):
+            launch(*args)
+        return calls[3][2]  # the reduction's out
 
     return ids_checked(run, E)
 
