@@ -73,8 +73,7 @@ def _int(value: object) -> bool:
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
                 TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False) -> None:
-    """ValueError naming the first knob that is not a power of two >= 16 (tile sizes, tl.dot's least; BLOCK_N_DOWN
-    may be None), an int >= 1 (GROUP_M, SPLIT_K), a bool (TMA, DECODE), or 0, 1 or 2 with BLOCK_M >> TAILS >= 16."""
+    """ValueError naming the first knob that breaks its rule below (16: tl.dot's least tile; None: BLOCK_N)."""
     tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
     count, flag = ("an int >= 1", lambda v: _int(v) and v >= 1), ("a bool", lambda v: isinstance(v, bool))
     for name, value, (what, ok) in (("BLOCK_M", BLOCK_M, tile), ("BLOCK_N", BLOCK_N, tile), ("BLOCK_K", BLOCK_K, tile),

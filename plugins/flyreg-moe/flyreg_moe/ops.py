@@ -16,8 +16,7 @@ from .checks import check_moe
 #: (E, K, N, topk) of the model shapes tuned on a GPU.
 MODEL_SHAPES = {"Mixtral-8x7B": (8, 4096, 14336, 2), "Qwen3-30B-A3B": (128, 2048, 768, 8),
                 "DeepSeek-V2-Lite": (64, 2048, 1408, 6), "gpt-oss-20b": (32, 2880, 2880, 4)}
-#: The specs ``flyreg tune`` tunes by device type: the model shapes at every M bucket on a GPU, and a small
-#: shape on the CPU, so a tune runs end to end there in seconds.
+#: The specs ``flyreg tune`` tunes: the model shapes at every M bucket on a GPU, a small shape on the CPU (seconds).
 WORKLOADS = {device: [{"E": E, "K": K, "M": m, "N": N, "dtype": "bfloat16", "topk": topk}
                       for E, K, N, topk in shapes for m in rows]
              for device, shapes, rows in (("cuda", MODEL_SHAPES.values(), space.M_BUCKETS),

@@ -40,8 +40,7 @@ def chunk_size(E: int) -> int:
     return max(16, min(1024, ONE_HOT_ELEMS // next_pow2(max(E, 16))))
 
 
-#: The workspace's parts: ``used`` is the rows in use, ``table`` what the GEMMs read as USED (the tile table with
-#: tail tiles, else ``used``), ``counts`` the per-chunk expert counts.
+#: The workspace's parts; ``table`` is what the GEMMs read as USED: the tile table with tails, else ``used``.
 RoutingViews = NamedTuple("RoutingViews", [("sorted_ids", torch.Tensor), ("block_expert", torch.Tensor),
                                            ("used", torch.Tensor), ("table", torch.Tensor), ("counts", torch.Tensor)])
 
@@ -97,10 +96,8 @@ class RoutingPlan:
         scatter = compiled_launcher(_scatter_kernel, (chunks,), scattered, chunk, plain, device)
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:
-            counted, offset, scattered = launch_args(ids, v)
-            count(*counted)
-            offsets(*offset)
-            scatter(*scattered)
+            for launch, args in zip((count, offsets, scatter), launch_args(ids, v)):
+                launch(*args)
 
         return route
 

@@ -41,9 +41,8 @@ DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 DECODE_ROWS = 64
-#: Rows up to which the default takes the decode path. On an H100 (``vs_incumbent --menu``, graph-timed, L2-cold) its
-#: default tile beat the grouped path's served config at M = 1 to 16 on all four model shapes (Qwen3 M = 1: 36.0
-#: against 51.6 us) and came within 4 % of the menu's best in all 20 cells.
+#: Rows up to which the default takes the decode path: on an H100 its default tile beat the grouped path's served
+#: config at M = 1 to 16 on all four model shapes, within 4 % of the menu's best (``vs_incumbent --menu``).
 DECODE_DEFAULT_ROWS = 16
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)
@@ -78,8 +77,8 @@ def tma_fits(E: int, N: int, K: int, itemsize: int = 2) -> bool:
 
 
 def tails_fit(r: int, bm: int, tails: int) -> bool:
-    """Whether an expert's last row tile may take ``bm >> tails`` rows at ``r`` rows an expert: the
-    expert fills a ``bm``-row tile on average and the tail keeps at least the smallest BLOCK_M."""
+    """Whether an expert's last row tile may take ``bm >> tails`` rows: at ``r`` rows an expert it fills a
+    ``bm``-row tile on average, and the tail keeps at least the smallest BLOCK_M."""
     return tails == 0 or (r >= bm and bm >> tails >= BLOCK_MS[0])
 
 
@@ -123,9 +122,8 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
     if M > DECODE_ROWS:
         return []
     bm = decode_block_m(M)
-    # Triton's decode GEMM 1 took its pipeline plus three float32 tiles of its accumulator's size (262144 bytes for
-    # 64 x 128 x 128 in 2 stages, on the H100); GEMM 2 is counted alike with one. 8 warps only where each holds 16
-    # accumulator rows.
+    # Triton's decode GEMM 1 took its pipeline and three float32 accumulator-sized tiles (262144 bytes for 64 x 128
+    # x 128 in 2 stages, on the H100), GEMM 2 one. 8 warps only where each holds 16 accumulator rows.
     return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
                     "DECODE": True}, num_warps=warps, num_stages=stages)
             for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES)
@@ -163,12 +161,11 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (a member of :func:`triton_configs`): the tile of :data:`DEFAULT_TILES` for the rows an
-    expert gets (r), GEMM 2 split as :func:`default_split` says; above 16 rows the weights read by TMA where
-    :func:`tma_fits` (1 to 10 % faster) and tails where :func:`tails_fit` (quarter tails 1 to 19 % faster up to
-    M = 4096); the 128-row tile's GEMM 2 256 wide where :func:`wide_down_fits` (0.90 to 0.95 of the time of
-    128-wide ones at M >= 2048). At 24 to 128 rows an expert these are within 2 % of the menu's best in 9 of 9
-    cells. Up to :data:`DECODE_DEFAULT_ROWS` rows: the decode path (:func:`decode_default`)."""
+    """Heuristic config (a member of :func:`triton_configs`; the evidence: docs/decisions.md). Up to
+    :data:`DECODE_DEFAULT_ROWS` rows the decode path (:func:`decode_default`); above, the tile of
+    :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split as :func:`default_split` says, above 16 rows
+    the weights read by TMA where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row tile's GEMM 2
+    256 wide where :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:
         return decode_default(spec)

@@ -19,8 +19,7 @@ REDUCE_BLOCK = 1024
 
 
 def tma_hardware(device: torch.device) -> bool:
-    """Whether TMA can read weight tiles on ``device``: an NVIDIA GPU of compute capability 9.0 or later
-    (Hopper), or the interpreter's CPU tensors (it emulates the descriptors)."""
+    """Whether ``device`` has TMA: an NVIDIA GPU from Hopper (9.0) on, or the interpreter's CPU (it emulates TMA)."""
     return device.type != "cuda" or (torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
@@ -70,8 +69,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     def launch_args(x: torch.Tensor, wa: Any, wb: Any, tw: torch.Tensor,
                     ids: torch.Tensor) -> tuple[tuple[Any, ...], ...]:
         # A call's fresh buffers, as the arguments of the routing, GEMM 1 (weights wa), GEMM 2 (wb) and the reduction.
-        v, ids = plan.workspace(device), ids.view(-1)
-        h = torch.empty((P, N), dtype=dtype, device=device)
+        v, ids, h = plan.workspace(device), ids.view(-1), torch.empty((P, N), dtype=dtype, device=device)
         y = torch.empty((split, P, K), dtype=torch.float32 if split > 1 else dtype, device=device)
         out = torch.empty((M, K), dtype=dtype, device=device)
         return ((ids, v), (x, wa, h, v.sorted_ids, v.block_expert, v.table, P, tiles_m, GROUP_M, topk, x_stride, N, K),
@@ -109,8 +107,3 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
 
     return ids_checked(run, E)
 
-
-def fused_moe_triton(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, **knobs: Any) -> torch.Tensor:
-    """One call: :func:`bind_fused_moe` with these knobs and hints, then its launcher."""
-    return bind_fused_moe(x, w1, w2, topk_weights, topk_ids, **knobs)(x, w1, w2, topk_weights, topk_ids)

@@ -13,7 +13,8 @@ from flyreg.plugin import Config
 from flyreg_moe import cpu, space
 from flyreg_moe.checks import CHECK_IDS_ENV, check_ids_every_call
 
-from moe_cases import DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_moe
+from moe_cases import (DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_call,
+                        triton_moe)
 
 DECODE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "DECODE": True}
 GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1}
@@ -28,7 +29,7 @@ GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K":
 def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype) -> None:
     M, E, N, K, topk, routing = case
     args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M)
-    out = triton_moe.fused_moe_triton(*args, **DECODE, BLOCK_N_DOWN=down)
+    out = triton_call(*args, **DECODE, BLOCK_N_DOWN=down)
     assert out.shape == (M, K) and out.dtype == dtype
     assert rel_err(out, reference(*args)) < TOL[dtype]
 
@@ -110,7 +111,7 @@ def test_gpu_decode_path_on_model_shapes(model: str, M: int) -> None:
     picks = [space.decode_default(spec), configs[0], configs[-1]]
     for seed, config in enumerate(picks):
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda", seed=seed)
-        out = triton_moe.fused_moe_triton(*args, **config.kwargs, **config.hints)
+        out = triton_call(*args, **config.kwargs, **config.hints)
         assert rel_err(out, cpu.fused_moe_reference(*args)) < TOL[torch.bfloat16], config
 
 

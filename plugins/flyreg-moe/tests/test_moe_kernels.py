@@ -13,7 +13,8 @@ import flyreg
 from flyreg.plugin import Config
 from flyreg_moe import cpu, space
 
-from moe_cases import DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_moe
+from moe_cases import (DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_call,
+                        triton_moe)
 
 #: (M, E, N, K, topk, routing): M = 0, 1, 7 and many; topk = 1; N and K not powers of two; one expert
 #: taking every pair; experts with no token.
@@ -52,7 +53,7 @@ def test_triton_kernels_match_reference(case: tuple) -> None:
     ref = reference(*args)
     tiles = TILES if M == 7 else TILES[:1]  # every tile config once, at one M, to keep the interpreter quick
     for knobs in tiles:
-        out = triton_moe.fused_moe_triton(*args, **knobs, num_warps=4)
+        out = triton_call(*args, **knobs, num_warps=4)
         assert out.shape == (M, K) and out.dtype == torch.bfloat16
         if M:
             assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
@@ -63,9 +64,9 @@ def test_triton_kernels_match_reference(case: tuple) -> None:
 def test_triton_float16_and_bfloat16(dtype: torch.dtype) -> None:
     args = call(9, 4, 40, 48, 2, dtype=dtype, device=DEVICE, seed=2)
     ref = reference(*args)
-    out = triton_moe.fused_moe_triton(*args, **TILES[1])
+    out = triton_call(*args, **TILES[1])
     assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
-    out = triton_moe.fused_moe_triton(*args, **{**TILES[2], "TAILS": 1}, TMA=True)
+    out = triton_call(*args, **{**TILES[2], "TAILS": 1}, TMA=True)
     assert out.dtype == dtype and rel_err(out, ref) < TOL[dtype]
 
 
@@ -78,7 +79,7 @@ def test_triton_tma_weight_loads_match_reference(case: tuple) -> None:
     args = call(M, E, N, K, topk, device=DEVICE, routing=routing, seed=10)
     ref = reference(*args)
     for knobs in TILES[:2]:
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=True, num_warps=4)
+        out = triton_call(*args, **knobs, TMA=True, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
 
 
@@ -130,7 +131,7 @@ def test_tail_tiles_of_every_size_match_reference() -> None:
     ref = reference(*args)
     for tails, split, tma in ((1, 1, False), (2, 2, True), (1, 2, False), (2, 1, True)):
         knobs = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails}
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, num_warps=4)
+        out = triton_call(*args, **knobs, TMA=tma, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma)
 
 
@@ -155,7 +156,7 @@ def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int, monk
         knobs = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails,
                  "BLOCK_N_DOWN": block_n_down}
         launches.clear()
-        out = triton_moe.fused_moe_triton(*args, **knobs, TMA=tma, num_warps=4)
+        out = triton_call(*args, **knobs, TMA=tma, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, tma)
         ups = [(grid, consts) for kernel, grid, consts in launches if kernel is gemm_kernels._gate_up_kernel]
         downs = [(grid, consts) for kernel, grid, consts in launches if kernel is gemm_kernels._down_kernel]
@@ -270,7 +271,7 @@ def test_gpu_default_config_on_model_shapes(model: str, M: int) -> None:
     args = _gpu_call(M, MODEL[model])
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
     config = space.triton_default(spec)
-    out = triton_moe.fused_moe_triton(*args, **config.kwargs, **config.hints)
+    out = triton_call(*args, **config.kwargs, **config.hints)
     assert rel_err(out, cpu.fused_moe_reference(*args)) < TOL[torch.bfloat16]
 
 
@@ -283,7 +284,7 @@ def test_gpu_sample_of_the_space(M: int) -> None:
     ref = cpu.fused_moe_reference(*args)
     space_ = space.triton_configs({"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk})
     for config in space_[:: max(1, len(space_) // 12)]:
-        out = triton_moe.fused_moe_triton(*args, **config.kwargs, **config.hints)
+        out = triton_call(*args, **config.kwargs, **config.hints)
         assert rel_err(out, ref) < TOL[torch.float16], config
 
 
@@ -301,7 +302,7 @@ def test_gpu_tma_weight_loads_on_model_shapes(model: str, M: int) -> None:
     split = Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 4}, num_warps=4,
                    num_stages=4)
     for config in (space.triton_default(spec), shipped, split):
-        out = triton_moe.fused_moe_triton(*args, **{**config.kwargs, "TMA": True}, **config.hints)
+        out = triton_call(*args, **{**config.kwargs, "TMA": True}, **config.hints)
         assert rel_err(out, ref) < TOL[torch.bfloat16], config
 
 
@@ -320,7 +321,7 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
         knobs = {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": split, "TAILS": tails,
                  "TMA": tma}
         for down in (None, 256) if bm == 128 and tails == 2 else (None,):  # GEMM 2 as wide as GEMM 1, and twice
-            out = triton_moe.fused_moe_triton(*args, **knobs, BLOCK_N_DOWN=down, num_warps=warps, num_stages=3)
+            out = triton_call(*args, **knobs, BLOCK_N_DOWN=down, num_warps=warps, num_stages=3)
             assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, down)
 
 
