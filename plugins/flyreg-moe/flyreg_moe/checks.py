@@ -24,8 +24,7 @@ MoEArgs = NamedTuple("MoEArgs", [("M", int), ("K", int), ("N", int), ("E", int),
 
 
 def check_moe(x: object, w1: object, w2: object, topk_weights: object, topk_ids: object) -> MoEArgs:
-    """A call's shape facts, once its types, dtypes, devices, shapes and layouts are valid (the ids' values:
-    :func:`check_ids`)."""
+    """A call's shape facts, once its types, dtypes, devices, shapes and layouts are valid (ids: :func:`check_ids`)."""
     named = dict(zip(LAYOUTS, (x, w1, w2, topk_weights, topk_ids)))
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
@@ -88,8 +87,7 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
 
 
 def check_ids(topk_ids: torch.Tensor, E: int) -> None:
-    """ValueError naming topk_ids when a value is outside [0, E). It reads the values (a sync on a GPU), so it
-    checks nothing during a CUDA-graph capture."""
+    """ValueError naming topk_ids when a value is outside [0, E); a sync on a GPU, so skipped in a graph capture."""
     if topk_ids.numel() == 0 or (topk_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     lo, hi = int(topk_ids.min()), int(topk_ids.max())

@@ -173,17 +173,16 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
                 (h, w2, y, out, ids, experts, counts, M, E, topk, N, K))
 
     up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
-    tile_hints = hints(num_warps, num_stages, pdl=pdl)
     gate_up = compiled_launcher(
         _decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles), up,
         {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": e_p2, "CHUNK": chunk_size(E),
          "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts), "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast,
-         "PDL": pdl}, tile_hints, device)
+         "PDL": pdl}, hints(num_warps, num_stages, pdl=pdl), device)
     down = compiled_launcher(
         _decode_down_kernel, (col_tiles, slots, token_tiles), down_args,
         {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
          "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl},
-        tile_hints, device)
+        hints(num_warps, num_stages, pdl=pdl), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:

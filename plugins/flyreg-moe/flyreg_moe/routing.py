@@ -28,11 +28,9 @@ from .space import next_pow2
 
 #: Elements of a chunk's one-hot tile (CHUNK pairs x next_pow2(E) experts).
 ONE_HOT_ELEMS = 16384
-#: Rows of chunk counts the offsets program reads at once.
-SCAN_ROWS = 64
-#: Row tiles the offsets program labels at once, and the tile table is written for at once (three [tiles,
-#: experts] selections a step, not one), and sentinel slots a count program fills a step.
-LABEL_TILES, TABLE_TILES, FILL_BLOCK = 256, 32, 1024
+#: Rows of chunk counts the offsets program reads at once, row tiles it labels at once and it writes the tile table
+#: for at once (three [tiles, experts] selections a step, not one), and sentinel slots a count program fills a step.
+SCAN_ROWS, LABEL_TILES, TABLE_TILES, FILL_BLOCK = 64, 256, 32, 1024
 
 
 def chunk_size(E: int) -> int:

@@ -181,9 +181,8 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
 
 
 def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int, bn_down: int | None = None) -> int:
-    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` x ``bk`` tile (GEMM 2 ``bn_down``
-    wide where given): while an expert gets at most :data:`SPLIT_ROWS` rows, doubled until GEMM 2's programs
-    fill the SMs once (each way keeping at least 4 reduction steps); else 1."""
+    """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` (or ``bn_down``) x ``bk`` tile: 1 above
+    :data:`SPLIT_ROWS` rows an expert, else doubled until its programs fill the SMs (each way 4 or more steps)."""
     M, E, N, K, topk = shape(spec)
     r = rows_per_expert(spec)
     split = 1
