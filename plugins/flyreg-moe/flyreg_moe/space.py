@@ -142,12 +142,9 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     """Candidate configs for ``spec``, pruned by shared memory, registers and the rows per expert, and
     the decode path's (:func:`decode_configs`)."""
-    M, E, N, K, topk = shape(spec)
-    r = rows_per_expert(spec)
-    max_bm = max(BLOCK_MS[0], next_pow2(r))
-    groups = _groups(spec)
+    (_, E, N, K, _), r = shape(spec), rows_per_expert(spec)
+    max_bm, groups, out = max(BLOCK_MS[0], next_pow2(r)), _groups(spec), []
     tmas = (False, True) if tma_fits(E, N, K) else (False,)
-    out = []
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
         if (bm > max_bm or _smem(bm, bk, 2 * bn, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps
                 or (warps == 8 and bm * bn < 4096)):  # 8 warps only with 16 or more accumulator rows a warp
@@ -184,8 +181,7 @@ def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int, bn_down: i
     """Ways the default splits GEMM 2 of ``spec`` under a ``bm`` x ``bn`` (or ``bn_down``) x ``bk`` tile: 1 above
     :data:`SPLIT_ROWS` rows an expert, else doubled until its programs fill the SMs (each way 4 or more steps)."""
     M, E, N, K, topk = shape(spec)
-    r = rows_per_expert(spec)
-    split = 1
+    r, split = rows_per_expert(spec), 1
     if r <= SPLIT_ROWS:
         programs = min(E, M * topk) * -(-r // bm) * -(-K // (bn_down or bn))  # GEMM 2's row tiles x column tiles
         while split < SPLIT_KS[-1] and programs * split < SMS and -(-N // bk) >= 4 * 2 * split:
