@@ -12,6 +12,10 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --tile 128,128,64,8,4,2880,2880 --variant TMA --json regs.json
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --routing --json regs.json
+    python plugins/flyreg-moe/bench/moe_kernel_regs.py --decode --json regs.json
+
+``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts, as
+programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from flyreg_moe import space
 Tile = tuple[int, int, int, int, int]
 #: (tile, K, N, whether GEMM 2 is split, GEMM 2's width where it is not BLOCK_N): one GEMM binary of each kind.
 Binary = tuple[Tile, int, int, bool, "int | None"]
-COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma": r"cp\.async\.bulk\.tensor"}
+COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma": r"cp\.async\.bulk\.tensor",
+           "atomic": r"\batom\.", "griddep": r"griddepcontrol\."}
 
 
 def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: int, tma: bool = False,
@@ -128,13 +133,55 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
     return rows
 
 
+def decode_counts(arch: int) -> list[dict[str, Any]]:
+    """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts."""
+    from flyreg_moe import decode, routing
+
+    seen = set()
+    for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
+        a = json.loads(path.read_text(encoding="utf-8"))
+        kw, hints, spec = a["config"]["kwargs"], a["config"]["hints"], a["spec"]
+        if kw.get("DECODE"):
+            seen.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_N_DOWN"], kw["BLOCK_K"], hints["num_warps"],
+                      hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"]))
+    rows = []
+    for bm, bn, bnd, bk, warps, stages, K, N, E, topk in sorted(seen):
+        counts = -(-K // bnd)
+        kernels = {  # kernel: (pointer and int argument types, constexprs)
+            "decode_gate_up": (["*bf16"] * 3 + ["*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 8,
+                               {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "E_P2": max(16, space.next_pow2(E)),
+                                "CHUNK": routing.chunk_size(E), "TOPK_P2": space.next_pow2(topk),
+                                "COUNTS_P2": space.next_pow2(counts), "EVEN_K": K % bk == 0}),
+            "decode_down": (["*bf16", "*bf16", "*fp32", "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 5,
+                            {"BLOCK_M": bm, "BLOCK_N": bnd, "BLOCK_K": bk, "TOPK_P2": space.next_pow2(topk),
+                             "EVEN_K": N % bk == 0, "EVEN_N": K % bnd == 0})}
+        for which, (types, consts) in kernels.items():
+            fn = getattr(decode, f"_{which}_kernel")
+            consts = {**consts, "UPCAST": False, "PDL": True}
+            sig = dict(zip(fn.arg_names, types))
+            attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
+                     if ty.startswith("*") or name in ("x_stride", "N", "K")}
+            src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
+                                            constexprs=consts, attrs=attrs)
+            row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
+                                   "E": E, "topk": topk}
+            try:
+                row["binary"] = describe(triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                                        options={"num_warps": warps, "num_stages": stages}), arch)
+            except Exception as e:  # a failed compile is a result too
+                row["binary"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+            rows.append(row)
+            print(f"{which} {row['config']} K={K} N={N} E={E} topk={topk}: {row['binary']}", flush=True)
+    return rows
+
+
 def served_binaries() -> Iterable[Binary]:
     """Each distinct :data:`Binary` the shipped Triton artifacts compile."""
     seen = set()
     for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
         a = json.loads(path.read_text(encoding="utf-8"))
         spec, kw, hints = a["spec"], a["config"]["kwargs"], a["config"]["hints"]
-        if spec["backend"] == "triton":
+        if spec["backend"] == "triton" and not kw.get("DECODE"):
             tile = (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], hints.get("num_warps", 4), hints.get("num_stages", 3))
             seen.add((tile, spec["K"], spec["N"], kw["SPLIT_K"] > 1, kw.get("BLOCK_N_DOWN")))
     return sorted(seen, key=repr)
@@ -155,16 +202,17 @@ def main() -> None:
     what.add_argument("--tile", help="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages,K,N: one binary a GEMM")
     what.add_argument("--routing", action="store_true",
                       help="the routing's offsets kernel, with the tile table as variant")
+    what.add_argument("--decode", action="store_true", help="the decode kernels of the shipped decode configs")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads, no tails, h by pair and GEMM 2 as wide as GEMM 1: TMA "
                         "(the default), TAILS=1 or 2, BLOCK_N_DOWN=256, or a mix")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)
     a = p.parse_args()
-    if a.routing:
+    if a.routing or a.decode:
+        rows = routing_counts(a.arch) if a.routing else decode_counts(a.arch)
         with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": {"triton": triton.__version__, "arch": a.arch}, "rows": routing_counts(a.arch)}, f,
-                      indent=1)
+            json.dump({"meta": {"triton": triton.__version__, "arch": a.arch}, "rows": rows}, f, indent=1)
         return
     if a.tile:
         *tile, K, N = map(int, a.tile.split(","))

@@ -48,3 +48,21 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
             assert var["tma"] == 0 and var["smem"] == base["smem"]  # the tail paths share the tile's buffers
         if "TAILS" in variant and base["wgmma"]:
             assert var["wgmma"] > base["wgmma"]  # the half-tile path is a second wgmma loop in the binary
+
+
+def test_shipped_decode_configs_compile_for_sm90_as_pipelined_dependent_launches(tmp_path: Path) -> None:
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "decode.json"
+    done = subprocess.run([sys.executable, "-m", SCRIPT, "--decode", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    assert {r["kernel"] for r in rows} == {"decode_gate_up", "decode_down"}
+    for row in rows:
+        b = row["binary"]
+        assert "error" not in b, row
+        assert b["smem"] <= SMEM_LIMIT and b["regs"] <= 255 and b["spill_bytes"] in (0, None), row
+        assert b["cp_async"] > 0 and b["griddep"] >= 2, row  # pipelined weight loads; waits, then releases the next
+        # GEMM 2 counts itself in on its column tile once a program; GEMM 1 needs no atomic
+        assert b["atomic"] == (1 if row["kernel"] == "decode_down" else 0), row
