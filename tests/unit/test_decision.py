@@ -133,3 +133,12 @@ def test_an_old_artifact_is_served(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     write_artifact(tmp_path, tuner.name, {"n": 256}, Config({"CHUNK": 16}), device=this_device())
     res = tuner.resolve(*inputs())
     assert res.source == "offline" and res.config == Config({"CHUNK": 16})
+
+
+def test_a_final_round_left_with_one_config_does_not_make_it_the_only_one() -> None:
+    # 8 and the default (32) are the finalists; 8 fails its final round: the default is re-timed alone, and the
+    # first round's times of the configs still standing rank (the default fastest), not "the only config timed"
+    report = tuned_with(make_with_default("final_one"), chunk_times({4: 2.0, 8: 1.0, 16: 1.8, 32: 1.5}),
+                        final={Config({"CHUNK": 8}): "boom in the final round", Config({"CHUNK": 32}): 1.5})
+    assert report.winner == Config({"CHUNK": 32}) and report.decision.rule == "default-fastest"
+    assert Config({"CHUNK": 8}) in dict(report.failed) and len(report.timings) == 3
