@@ -216,6 +216,9 @@ class Evaluator:
             self._journal(timing, config, result)
             self.stats.retimed += 1
             final.add(config)
+        if len(final) == 1:  # one survivor ranks nothing: it keeps its first time, as when the round is cut short
+            self.timed.update((c, first[c]) for c in final)
+            final.clear()
         if not final:  # the pick is then among every timing: finalists dropped here may leave others in front
             self._recheck(default)
         return frozenset(final)

@@ -94,10 +94,9 @@ def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, 
         lines = [f"  {c}: {why}" for c, why in (*failed, *rejected)]
         raise TuneError(f"{op}: every config failed on spec {spec}:\n" + "\n".join(lines), tuple(failed),
                         tuple(rejected))
-    # After a final round only its times rank: a config outside it kept a shorter, noisier time. A final round
-    # left with one config (the others failed or could not be captured in it) ranks nothing: the first round does.
-    ranked = [t for t in timed if t[0] in final] if len(final) > 1 else timed
-    winner, result, decision = decide(ranked, default, settings.tie_band, evaluate.mode)
+    # After a final round only its times rank: a config outside it kept a shorter, noisier time.
+    winner, result, decision = decide([t for t in timed if t[0] in final] if final else timed, default,
+                                      settings.tie_band, evaluate.mode)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(op, spec, winner, result.median, default_ms, tuple(timed), tuple(failed), tuple(rejected),
                       reused=evaluate.reused, decision=decision)

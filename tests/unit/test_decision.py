@@ -135,10 +135,12 @@ def test_an_old_artifact_is_served(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert res.source == "offline" and res.config == Config({"CHUNK": 16})
 
 
-def test_a_final_round_left_with_one_config_does_not_make_it_the_only_one() -> None:
-    # 8 and the default (32) are the finalists; 8 fails its final round: the default is re-timed alone, and the
-    # first round's times of the configs still standing rank (the default fastest), not "the only config timed"
-    report = tuned_with(make_with_default("final_one"), chunk_times({4: 2.0, 8: 1.0, 16: 1.8, 32: 1.5}),
-                        final={Config({"CHUNK": 8}): "boom in the final round", Config({"CHUNK": 32}): 1.5})
+def test_a_final_round_left_with_one_config_ranks_nothing() -> None:
+    # 8 and the default (32) are the finalists; 8 fails its final round, so the default is re-timed alone (1.7):
+    # a round of one ranks nothing, every config keeps its first time (the default 1.5, fastest of those standing),
+    # and the winner is not "the only config timed" nor 16 (1.6) beating the default's final time
+    report = tuned_with(make_with_default("final_one"), chunk_times({4: 2.0, 8: 1.0, 16: 1.6, 32: 1.5}),
+                        final={Config({"CHUNK": 8}): "boom in the final round", Config({"CHUNK": 32}): 1.7})
     assert report.winner == Config({"CHUNK": 32}) and report.decision.rule == "default-fastest"
+    assert report.decision.winner.median == pytest.approx(1.5)
     assert Config({"CHUNK": 8}) in dict(report.failed) and len(report.timings) == 3
