@@ -173,14 +173,16 @@ def _table(lines: list[str], replace: Callable[[str], str]) -> list[str]:
     drawn, shown = _render_table(title, header, physical, right), [line.rstrip() for line in lines]
     if title is not None:  # rich rounds a centred title's odd spare column either way
         drawn, shown = [drawn[0].strip(), *drawn[1:]], [shown[0].strip(), *shown[1:]]
-    if drawn != shown:  # a layout this re-drawing does not reproduce: shown as printed, each line replaced
+    rows, masks = _unfolded(raw_rows), [MASKED_COLUMNS.get(h) for h in header]
+    # A layout this re-drawing does not reproduce is shown as printed, each line replaced; but a folded one with
+    # timing columns (rich may give a folded column more room than its longest line) is unfolded, masked and laid
+    # out again, so what timing put in it does not show.
+    if drawn != shown and not (len(rows) < len(physical) and any(masks)):
         out = [replace(line).rstrip() for line in lines]
         if title is not None:  # centred again over the box: rich centred it as long as the unreplaced title was
             shown_title = replace(title)
             out[0] = " " * max(0, (len(out[1]) - len(shown_title)) // 2) + shown_title
         return out
-    masks = [MASKED_COLUMNS.get(h) for h in header]
-    rows = _unfolded(raw_rows)
     changed = [[m if m and c else replace(c) for c, m in zip(row, masks)] for row in rows]
     if len(rows) < len(physical) and changed == rows:
         changed = physical

@@ -345,3 +345,18 @@ def test_a_table_whose_folded_cells_change_is_shown_unfolded_else_as_folded() ->
     replaced = [[shorter(cell) for cell in row] for row in rows]
     assert normalize(folded, shorter) == normalize(rich_table("rmsnorm on CPU", columns, replaced, 1000), str)
     assert normalize(folded, lambda text: text.replace("nothing here", "x")) == normalize(folded, str)
+
+
+def test_a_folded_timing_column_is_masked_whatever_width_rich_gave_it() -> None:
+    # rich may give a folded column more room than its longest line: the table is still unfolded and masked
+    columns = [("op", "left"), ("winner", "left"), ("time", "right"), ("why", "left"), ("tried", "right")]
+    why = "kept default: fastest 30.4% faster, not separable"
+    runs = [[["rmsnorm", "ROW_BLOCK=32", "75.1 us", "default is fastest", "4"],
+             ["rmsnorm", "ROW_BLOCK=32", "159.0 us", why, "4"]],
+            [["rmsnorm", "ROW_BLOCK=8", "1.2 ms", "default is fastest", "4"],
+             ["rmsnorm", "ROW_BLOCK=32", "80.0 us", "default is fastest", "4"]]]
+    masked = [["rmsnorm", "<winner>", "<time>", "<why>", "4"]] * 2
+    folded = rich_table("flyreg tune", columns, runs[0], 70)
+    assert len(folded.splitlines()) > len(runs[0]) + 5  # rich folded the long reason
+    expected = normalize(rich_table("flyreg tune", columns, masked, 200), str)
+    assert normalize(folded, str) == normalize(rich_table("flyreg tune", columns, runs[1], 200), str) == expected
