@@ -169,8 +169,7 @@ def _run_fields(op: str, strategy: object, effort: object, budget_s: object, see
                 resume: object, retry_failed: object = False) -> tuple[str | None, str, float | None, int, bool, bool]:
     """The run's fields, checked; ValueError or TypeError naming ``op`` and the field."""
     check_strategy(op, strategy)
-    if effort not in EFFORTS:
-        raise ValueError(f"{op}: effort must be one of {list(EFFORTS)}, got {effort!r}")
+    check_effort(op, effort)
     if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
                                  or not 0 < budget_s < float("inf")):
         raise ValueError(f"{op}: budget_s must be a number of seconds > 0 or None, got {budget_s!r}")
@@ -209,6 +208,13 @@ def check_strategy(op: str, strategy: object) -> str | None:
         raise ValueError(f"{_where(op)}strategy must be one of {sorted(STRATEGIES)} (or None: flyreg chooses), "
                          f"got {strategy!r}")
     return strategy  # type: ignore[return-value]
+
+
+def check_effort(op: str, effort: object) -> str:
+    """``effort``, one of :data:`EFFORTS`; else ValueError naming it and the choices."""
+    if effort not in EFFORTS:
+        raise ValueError(f"{_where(op)}effort must be one of {list(EFFORTS)}, got {effort!r}")
+    return effort  # type: ignore[return-value]
 
 
 def names_of(op: str, what: str, value: Any) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import Protocol
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.search_terms import EFFORTS, STRATEGIES as STRATEGY_NAMES, check_strategy
+from flyreg._core.search_terms import STRATEGIES as STRATEGY_NAMES, check_effort, check_strategy
 
 Evaluate = Callable[[Sequence[Config]], Mapping[Config, "float | None"]]
 Times = dict[Config, "float | None"]
@@ -211,8 +211,7 @@ def choose(space_size: int, effort: str = "auto", preferred: str | None = None) 
     """The strategy and evaluation cap for a space: ``full`` times everything; ``quick`` a local search
     capped at :data:`QUICK_SHARE` of a large space; ``auto`` is ``full`` up to :data:`EXHAUSTIVE_MAX`
     configs and ``quick`` above. An op's ``preferred`` strategy replaces the large-space choice."""
-    if effort not in EFFORTS:
-        raise ValueError(f"effort must be 'auto', 'quick' or 'full', got {effort!r}")
+    check_effort("", effort)
     check_strategy("", preferred)
     if effort == "full" or (effort == "auto" and space_size <= EXHAUSTIVE_MAX):
         return Exhaustive(), None
