@@ -63,13 +63,25 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
         consts = {"PARTIAL": partial, "EVEN_K": N % bk == 0, "EVEN_N": K % bn == 0}
     consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails}
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}  # a kernel from before a knob lacks it
+    return compile_kernel(fn, types, consts, arch, warps, stages)
+
+
+def compile_kernel(fn: Any, types: list[str], consts: dict[str, Any], arch: int, warps: int = 4,
+                   stages: int | None = None) -> Any:
+    """``fn`` compiled for ``arch`` with these runtime argument ``types`` (in order) and ``consts``; pointers and
+    the strides a launch passes divisible by 16 (``x_stride``, ``N``, ``K``) are specialized so, as the JIT does."""
     sig = dict(zip(fn.arg_names, types))
-    # Pointers and the strides a launch passes divisible by 16 are specialized so, as the JIT does.
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
              if ty.startswith("*") or name in ("x_stride", "N", "K")}
     src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                                     attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, **({"num_stages": stages} if stages is not None else {})}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def failure(e: Exception) -> dict[str, str]:
+    """A failed compile as a result row's entry."""
+    return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
 
 
 def variant(text: str) -> dict[str, Any]:
@@ -121,12 +133,8 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
         for name, table in (("base", False), ("variant", True)):
             consts = {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": table,
                       "TABLE_LABEL": routing.TABLE_TILES}
-            sig = dict(zip(fn.arg_names, ["*i32"] * 4 + ["i32"] * 4))  # COUNTS BLOCK_EXPERT ROWS_USED TABLE, ints
-            aligned = {(i,): [["tt.divisibility", 16]] for i in range(4)}
-            src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
-                                            constexprs=consts, attrs=aligned)
-            kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
-            row[name] = describe(kernel, arch)
+            # COUNTS BLOCK_EXPERT ROWS_USED TABLE, then ints
+            row[name] = describe(compile_kernel(fn, ["*i32"] * 4 + ["i32"] * 4, consts, arch), arch)
         rows.append(row)
         print(f"offsets E_P2={e_p2}: {row['base']['regs']} regs {row['base']['spill_bytes']} B spilled, with the tile "
               f"table {row['variant']['regs']} regs {row['variant']['spill_bytes']} B spilled", flush=True)
@@ -157,19 +165,13 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
                              "EVEN_K": N % bk == 0, "EVEN_N": K % bnd == 0})}
         for which, (types, consts) in kernels.items():
             fn = getattr(decode, f"_{which}_kernel")
-            consts = {**consts, "UPCAST": False, "PDL": True}
-            sig = dict(zip(fn.arg_names, types))
-            attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
-                     if ty.startswith("*") or name in ("x_stride", "N", "K")}
-            src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
-                                            constexprs=consts, attrs=attrs)
             row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
                                    "E": E, "topk": topk}
             try:
-                row["binary"] = describe(triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                                        options={"num_warps": warps, "num_stages": stages}), arch)
+                row["binary"] = describe(compile_kernel(fn, types, {**consts, "UPCAST": False, "PDL": True}, arch,
+                                                        warps, stages), arch)
             except Exception as e:  # a failed compile is a result too
-                row["binary"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+                row["binary"] = failure(e)
             rows.append(row)
             print(f"{which} {row['config']} K={K} N={N} E={E} topk={topk}: {row['binary']}", flush=True)
     return rows
@@ -230,7 +232,7 @@ def main() -> None:
                     row[name] = describe(compile_gemm(which, tile, K, N, split and which == "down", a.arch, **knobs),
                                          a.arch)
                 except Exception as e:  # a failed compile is a result too
-                    row[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+                    row[name] = failure(e)
             rows.append(row)
             base, var = row["base"], row["variant"]
             print(f"{which} {tile} K={K} N={N} split={split} down={bn_down or tile[1]}: base {base.get('regs')} regs "
