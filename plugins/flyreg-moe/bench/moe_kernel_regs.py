@@ -61,7 +61,8 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
         fn = gk._down_kernel
         types = ["*bf16", w, "*fp32" if partial else "*bf16", "*i32", "*i32", "*i32", "*fp32"] + ["i32"] * 7
         consts = {"PARTIAL": partial, "EVEN_K": N % bk == 0, "EVEN_N": K % bn == 0}
-    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails}
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails,
+              "PDL": arch >= 90}  # launched as programmatic dependents from Hopper on
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}  # a kernel from before a knob lacks it
     return compile_kernel(fn, types, consts, arch, warps, stages)
 

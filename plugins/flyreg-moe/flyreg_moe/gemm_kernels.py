@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flyreg.triton import dependent_start
+
 
 @triton.jit
 def _tile(pid, tiles_m, tiles_n, group_m):
@@ -52,7 +54,8 @@ def _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M: tl.constex
 def _gate_up_kernel(X, W1, H, SORTED, BLOCK_EXPERT, USED, P, tiles_m, group_m, topk, x_stride, N, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
-                    TAILS: tl.constexpr = 0):
+                    TAILS: tl.constexpr = 0, PDL: tl.constexpr = False):
+    dependent_start(PDL)
     # x_stride stays specialized: its divisibility by 16 is what lets the x tile load in 16-byte vectors. With
     # TAILS, USED is the routing's tile table [tiles in use, each tile's first slot, each tile's slots].
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(N, BLOCK_N), group_m)
@@ -133,7 +136,8 @@ def _down_kernel(H, W2, Y, SORTED, BLOCK_EXPERT, USED, TOPK_W, P, tiles_m, group
                  k_tiles_per_split, N, K,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr = False,
-                 TAILS: tl.constexpr = 0):
+                 TAILS: tl.constexpr = 0, PDL: tl.constexpr = False):
+    dependent_start(PDL)
     # Output columns are K (x's width); the reduction runs over N. PARTIAL: float32 partials per split.
     pid_m, pid_n = _tile(tl.program_id(0), tiles_m, tl.cdiv(K, BLOCK_N), group_m)
     split = tl.program_id(1)
@@ -206,7 +210,8 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
 
 
 @triton.jit(do_not_specialize=["M", "topk", "splits", "E"])
-def _reduce_kernel(Y, IDS, OUT, M, topk, splits, E, K, BLOCK: tl.constexpr):
+def _reduce_kernel(Y, IDS, OUT, M, topk, splits, E, K, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    dependent_start(PDL)
     # out[m] = sum over the token's routed pairs and the splits of y, in float32 (a pair whose expert
     # is out of range was never computed: it adds nothing).
     m = tl.program_id(0).to(tl.int64)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyreg.triton import compiled_launcher, hints
+from flyreg.triton import compiled_launcher, dependent_start, hints
 
 from .space import next_pow2
 
@@ -75,10 +75,12 @@ class RoutingPlan:
         sorted_ids, block_expert, used, table, counts = (ws[at:at + n] for at, n in zip(starts, sizes))
         return RoutingViews(sorted_ids, block_expert, used, table if self.tails else used, counts)
 
-    def launcher(self, ids: torch.Tensor, views: RoutingViews) -> Callable[[torch.Tensor, RoutingViews], None]:
-        """``route(ids, views)``: the three routing launches, compiled here for ids like ``ids`` (flat)."""
+    def launcher(self, ids: torch.Tensor, views: RoutingViews,
+                 pdl: bool = False) -> Callable[[torch.Tensor, RoutingViews], None]:
+        """``route(ids, views)``: the three routing launches, compiled here for ids like ``ids`` (flat), each a
+        programmatic dependent of the launch before it where ``pdl``."""
         P, E, rows, chunks = self.P, self.E, self.rows, self.chunks
-        fill, device, plain = triton.cdiv(rows, chunks), ids.device, hints(num_warps=4)
+        fill, device, plain = triton.cdiv(rows, chunks), ids.device, hints(num_warps=4, pdl=pdl)
 
         def launch_args(ids: torch.Tensor, v: RoutingViews) -> tuple[tuple[Any, ...], ...]:
             return ((ids, v.counts, v.sorted_ids, P, E, rows, fill),
@@ -86,11 +88,11 @@ class RoutingPlan:
                      self.block_m), (ids, v.counts, v.sorted_ids, P, E))
 
         counted, offset, scattered = launch_args(ids, views)
-        chunk = {"CHUNK": chunk_size(E), "E_P2": self.e_p2}
+        chunk = {"CHUNK": chunk_size(E), "E_P2": self.e_p2, "PDL": pdl}
         count = compiled_launcher(_count_kernel, (chunks,), counted, {**chunk, "FILL": FILL_BLOCK}, plain, device)
         offsets = compiled_launcher(_offsets_kernel, (1,), offset,
                                     {"E_P2": self.e_p2, "SCAN": SCAN_ROWS, "LABEL": LABEL_TILES,
-                                     "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, plain, device)
+                                     "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES, "PDL": pdl}, plain, device)
         scatter = compiled_launcher(_scatter_kernel, (chunks,), scattered, chunk, plain, device)
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:
@@ -112,7 +114,8 @@ def _one_hot(IDS, c, P, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
 
 @triton.jit(do_not_specialize=["P", "E", "rows", "fill_per_program"])
 def _count_kernel(IDS, COUNTS, SORTED, P, E, rows, fill_per_program,
-                  CHUNK: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr):
+                  CHUNK: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr = False):
+    dependent_start(PDL)
     c = tl.program_id(0)
     _, _, hot = _one_hot(IDS, c, P, E, CHUNK, E_P2)
     tl.store(COUNTS + c * E_P2 + tl.arange(0, E_P2), tl.sum(hot, axis=0))
@@ -126,7 +129,8 @@ def _count_kernel(IDS, COUNTS, SORTED, P, E, rows, fill_per_program,
 @triton.jit(do_not_specialize=["chunks", "tiles", "block_m", "tile_m"])
 def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, TABLE, chunks, tiles, block_m, tile_m,
                     E_P2: tl.constexpr, SCAN: tl.constexpr, LABEL: tl.constexpr, TILE_TABLE: tl.constexpr,
-                    TABLE_LABEL: tl.constexpr):
+                    TABLE_LABEL: tl.constexpr, PDL: tl.constexpr = False):
+    dependent_start(PDL)
     e = tl.arange(0, E_P2)
     total = tl.zeros([E_P2], dtype=tl.int32)
     for c0 in range(0, chunks, SCAN):
@@ -172,7 +176,9 @@ def _offsets_kernel(COUNTS, BLOCK_EXPERT, ROWS_USED, TABLE, chunks, tiles, block
 
 
 @triton.jit(do_not_specialize=["P", "E"])
-def _scatter_kernel(IDS, COUNTS, SORTED, P, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+def _scatter_kernel(IDS, COUNTS, SORTED, P, E, CHUNK: tl.constexpr, E_P2: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    dependent_start(PDL)
     c = tl.program_id(0)
     pairs, ids, hot = _one_hot(IDS, c, P, E, CHUNK, E_P2)
     rank = tl.sum(tl.cumsum(hot, axis=0) * hot, axis=1) - 1  # earlier pairs of the same expert in this chunk

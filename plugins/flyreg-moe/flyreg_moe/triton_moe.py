@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import triton
 
-from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted
+from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted, pdl_supported
 
 from . import decode, routing, space
 from . import gemm_kernels as gk
@@ -45,7 +45,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     """The launcher of calls shaped like this one, ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, with
     the knobs :mod:`.space` describes, checked and compiled here: six launches (three of routing, GEMM 1, GEMM 2,
     the top-k reduction) whose grids come from the shapes alone and which never wait on the host, so a CUDA graph
-    can capture a call. The ids' values are checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1``
+    can capture a call; where :func:`flyreg.triton.pdl_supported`, each launches as a programmatic dependent. The ids' values are checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1``
     (:func:`.checks.ids_checked`). ``TMA`` reads the weight tiles by descriptors where :func:`.space.tma_fits` the
     shapes, the device has TMA (:func:`tma_hardware`) and a call's weights are 16-byte aligned (the others take
     pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode`, which take BLOCK_M, BLOCK_N,
@@ -63,8 +63,9 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     plan = routing.RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m, per_split = plan.tiles, triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))
     split = triton.cdiv(k_tiles, per_split)  # no split left without work
+    pdl = pdl_supported(device)  # each launch waits for the one before it, whose last programs it overlaps
     consts = {"BLOCK_M": BLOCK_M, "BLOCK_K": BLOCK_K, "UPCAST": interpreted() and dtype == torch.bfloat16,
-              "TAILS": TAILS}
+              "TAILS": TAILS, "PDL": pdl}
 
     def launch_args(x: torch.Tensor, wa: Any, wb: Any, tw: torch.Tensor,
                     ids: torch.Tensor) -> tuple[tuple[Any, ...], ...]:
@@ -77,24 +78,24 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                  N, K), (y, ids, out, M, topk, split, E, K))
 
     routed, up, down, reduced = launch_args(x, w1, w2, topk_weights, topk_ids)
-    route = plan.launcher(*routed)
+    route = plan.launcher(*routed, pdl=pdl)
 
     def gemms(tma: bool, wa: Any, wb: Any) -> tuple[Callable[..., None], Callable[..., None]]:
         # GEMM 1 and GEMM 2 launchers, with weight tiles by TMA (wa, wb: descriptors) or by pointers (w1, w2).
         return (compiled_launcher(gk._gate_up_kernel, (tiles_m * triton.cdiv(N, BLOCK_N),), (x, wa, *up[2:]),
                                   {**consts, "BLOCK_N": BLOCK_N, "EVEN_K": K % BLOCK_K == 0,
-                                   "EVEN_N": N % BLOCK_N == 0, "TMA": tma}, hints(num_warps, num_stages), device),
+                                   "EVEN_N": N % BLOCK_N == 0, "TMA": tma}, hints(num_warps, num_stages, pdl), device),
                 compiled_launcher(gk._down_kernel, (tiles_m * triton.cdiv(K, bn_down), split), (down[0], wb, *down[2:]),
                                   {**consts, "BLOCK_N": bn_down, "PARTIAL": split > 1, "EVEN_K": N % BLOCK_K == 0,
-                                   "EVEN_N": K % bn_down == 0, "TMA": tma}, hints(num_warps, num_stages), device))
+                                   "EVEN_N": K % bn_down == 0, "TMA": tma}, hints(num_warps, num_stages, pdl), device))
 
     tma = TMA and space.tma_fits(E, N, K, x.element_size()) and tma_hardware(device) and _tma_aligned(w1, w2)
     # Both are compiled here, so a later call whose weights TMA cannot read never compiles (in a graph capture, say).
     launchers = {False: gemms(False, w1, w2)}
     if tma:
         launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K))
-    reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), reduced, {"BLOCK": reduce_block},
-                               hints(num_warps=4), device)
+    reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), reduced,
+                               {"BLOCK": reduce_block, "PDL": pdl}, hints(num_warps=4, pdl=pdl), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:

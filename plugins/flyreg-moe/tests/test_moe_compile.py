@@ -42,6 +42,7 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
     for row in data["rows"]:
         base, var = row["base"], row["variant"]
         assert base["tma"] == 0 and var["smem"] <= SMEM_LIMIT and var["regs"] <= 255
+        assert base["griddep"] >= 2 and var["griddep"] >= 2  # waits for the launch before, then releases the next
         if "TMA" in variant:
             assert var["tma"] > 0 and var["cp_async"] < base["cp_async"]  # the weight tiles moved to TMA
         else:
