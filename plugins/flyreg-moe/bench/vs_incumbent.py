@@ -8,7 +8,9 @@ Per cell (model shape, M), on one GPU, in one process:
   extension);
 * ``flyreg``: ``flyreg.op("fused_moe")``, serving what lookup gives (the shipped artifact, or the default);
 * ``default``: the op's kernels under its no-search default config;
-* with ``--menu``, up to 64 rows: the decode path under each tile of :data:`MENU` the spec's space offers.
+* with ``--menu``, up to 64 rows: the decode path under each tile of :data:`MENU` the spec's space offers;
+* with ``--no-pdl``: the default config launched in plain stream order (``pdl=False``), beside ``default``,
+  whose launches are programmatic dependents where the device has them: the two timed in the same run.
 
 Every implementation is first checked against a float32 reference (``fused_moe_reference``) on fresh
 random inputs, then timed: ``--sets`` input sets (x, routing weights and ids drawn apart; one copy of the
@@ -20,7 +22,7 @@ reported. ``floor`` is the weight-bandwidth floor: the bytes of the distinct exp
 the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = incumbent time / flyreg time.
 
     python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ... | --unseen] [--M 1 2 ...] [--json out.json]
-        [--menu]  (also time the decode path's menu, :data:`MENU`, at each cell)
+        [--menu]  (also time the decode path's menu, :data:`MENU`, at each cell)  [--no-pdl]
 
 ``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
 ``unzip sglang-0.5.23-*.whl 'sglang/kernels/*' 'sglang/srt/layers/moe/*' -d DIR``.
@@ -99,7 +101,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, rounds: int, bw: float,
-               menu: bool) -> dict[str, Any]:
+               menu: bool, no_pdl: bool = False) -> dict[str, Any]:
     E, K, N, topk = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(M)
     w1 = (torch.randn((E, 2 * N, K), generator=gen, device="cuda") * K ** -0.5).to(torch.bfloat16)
@@ -121,6 +123,10 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
     runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
     for key, cfg in configs.items():
         runs[key] = triton_moe.bind_fused_moe(x0, w1, w2, tw0, ids0, **cfg.kwargs, **cfg.hints)
+    if no_pdl:
+        cfg = configs["default"]
+        runs["default_no_pdl"] = triton_moe.bind_fused_moe(x0, w1, w2, tw0, ids0, **cfg.kwargs, **cfg.hints,
+                                                           pdl=False)
     aligned = [None if incumbent.in_graph_align else incumbent.aligned(ids) for _, _, ids in inputs]
     row: dict[str, Any] = {"model": name, "E": E, "K": K, "N": N, "topk": topk, "M": M,
                            "incumbent_config": incumbent.config, "incumbent_config_source": incumbent.config_source,
@@ -185,6 +191,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="replays a timing takes the median of")
     p.add_argument("--rounds", type=int, default=3, help="timings of each implementation a cell takes the median of")
     p.add_argument("--menu", action="store_true", help="also time the decode path's menu of tiles")
+    p.add_argument("--no-pdl", action="store_true", help="also time the default launched without PDL")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
     mods = inc.load(a.sglang)
@@ -198,7 +205,7 @@ def main() -> None:
     rows = []
     for name in a.shapes or list(UNSEEN_SHAPES if a.unseen else MODEL_SHAPES):
         for M in a.M:
-            r = bench_cell(mods, name, M, a.sets, a.reps, a.rounds, bw, a.menu)
+            r = bench_cell(mods, name, M, a.sets, a.reps, a.rounds, bw, a.menu, a.no_pdl)
             torch.cuda.empty_cache()
             rows.append(r)
             print(f"{name} | {M} | {r['incumbent_ms'] * 1e3:.1f} | {r['flyreg_ms'] * 1e3:.1f} | "
@@ -214,6 +221,9 @@ def main() -> None:
                       f"({100 * r['floor_ms'] / menu[best]:.0f} % floor); " + ", ".join(
                           f"{k.removeprefix('menu ').removesuffix('_ms')}={v * 1e3:.1f}" for k, v in menu.items()),
                       flush=True)
+            if a.no_pdl:
+                print(f"  default without PDL: {r['default_no_pdl_ms'] * 1e3:.1f} us; time without / with "
+                      f"{r['default_no_pdl_ms'] / r['default_ms']:.3f}x", flush=True)
             if a.json:
                 with open(a.json, "w", encoding="utf-8") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)

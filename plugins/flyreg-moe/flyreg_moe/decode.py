@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyreg.triton import compiled_launcher, dependent_start, hints, interpreted, pdl_supported
+from flyreg.triton import compiled_launcher, dependent_start, hints, interpreted
 
 from .checks import Launch, MoEArgs
 from .gemm_kernels import _mma
@@ -155,13 +155,14 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
 
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
-                num_warps: int | None, num_stages: int | None) -> Launch:
+                num_warps: int | None, num_stages: int | None, pdl: bool) -> Launch:
     """The launcher of decode-path calls shaped like this one (``shape``, checked by the caller), compiled here:
-    ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches."""
+    ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches (programmatic dependents where
+    ``pdl``)."""
     (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
     P, e_p2, topk_p2 = M * topk, max(16, next_pow2(E)), next_pow2(topk)
     slots, token_tiles, col_tiles = min(P, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
-    n_counts, upcast, pdl = col_tiles * token_tiles, interpreted() and dtype == torch.bfloat16, pdl_supported(device)
+    n_counts, upcast = col_tiles * token_tiles, interpreted() and dtype == torch.bfloat16
 
     def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,
                     ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -91,8 +91,8 @@ class RoutingPlan:
         chunk = {"CHUNK": chunk_size(E), "E_P2": self.e_p2, "PDL": pdl}
         count = compiled_launcher(_count_kernel, (chunks,), counted, {**chunk, "FILL": FILL_BLOCK}, plain, device)
         offsets = compiled_launcher(_offsets_kernel, (1,), offset,
-                                    {"E_P2": self.e_p2, "SCAN": SCAN_ROWS, "LABEL": LABEL_TILES,
-                                     "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES, "PDL": pdl}, plain, device)
+                                    {"E_P2": self.e_p2, "SCAN": SCAN_ROWS, "LABEL": LABEL_TILES, "PDL": pdl,
+                                     "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, plain, device)
         scatter = compiled_launcher(_scatter_kernel, (chunks,), scattered, chunk, plain, device)
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:

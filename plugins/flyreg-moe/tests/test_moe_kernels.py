@@ -253,6 +253,16 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[2], "TAILS": 3})
 
 
+@needs_triton
+@pytest.mark.parametrize("decode", [False, True])
+def test_dependent_launches_where_unsupported_are_an_error(decode: bool) -> None:
+    args = call(3, 4, 32, 32, 2)  # CPU tensors: no programmatic dependent launch
+    with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability 9.0"):
+        triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode, pdl=True)
+    out = triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode, pdl=False)(*args)
+    assert rel_err(out, reference(*args)) < TOL[torch.bfloat16]
+
+
 
 
 def _gpu_call(M: int, shape: tuple[int, int, int, int], dtype: torch.dtype = torch.bfloat16) -> tuple:
@@ -323,6 +333,32 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
         for down in (None, 256) if bm == 128 and tails == 2 else (None,):  # GEMM 2 as wide as GEMM 1, and twice
             out = triton_call(*args, **knobs, BLOCK_N_DOWN=down, num_warps=warps, num_stages=3)
             assert rel_err(out, ref) < TOL[torch.bfloat16], (knobs, down)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("M", [1, 16, 300])
+def test_gpu_dependent_launches_give_the_bits_of_plain_ones(M: int) -> None:
+    """Each launch waits for the one before it (PDL on Hopper): the same bits as launches in plain stream order,
+    called eagerly and replayed back to back in a graph, for the default (the decode path at 16 rows and fewer)."""
+    from flyreg.triton import pdl_supported
+
+    args = _gpu_call(M, MODEL["Qwen3-30B-A3B"])
+    if not pdl_supported(args[0].device):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 and a Triton with launch_pdl")
+    E, K, N, topk = MODEL["Qwen3-30B-A3B"]
+    config = space.triton_default({"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk})
+    plain, dependent = (triton_moe.bind_fused_moe(*args, **config.kwargs, **config.hints, pdl=on)
+                        for on in (False, True))
+    expected = plain(*args)
+    assert rel_err(expected, cpu.fused_moe_reference(*args)) < TOL[torch.bfloat16]
+    assert torch.equal(dependent(*args), expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [dependent(*args) for _ in range(3)]  # each call's first launch depends on the call before
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(out, expected) for out in outs)
 
 
 @gpu
