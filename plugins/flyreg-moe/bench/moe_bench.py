@@ -112,6 +112,31 @@ def timed_in_rounds(fns: dict[Any, Callable[[], Any]], rounds: int, reps: int) -
     return times, hows
 
 
+def routed(M: int, E: int, K: int, topk: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """(x, topk_weights, topk_ids) of M fresh tokens, each routed to topk distinct experts."""
+    x = torch.randn((M, K), generator=gen, device="cuda").to(torch.bfloat16)
+    top, ids = torch.topk(torch.randn((M, E), generator=gen, device="cuda"), topk, dim=1)
+    return x, torch.softmax(top, dim=1), ids.to(torch.int32)
+
+
+def copy_bandwidth(repeats: int) -> float:
+    """Device copy bandwidth in bytes/s (read plus written over the median time) of a 1 GiB ``copy_``, timed
+    with events around eager calls: at this size launch cost does not show."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(50):  # clocks up before anything counts
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 

@@ -1,21 +1,26 @@
 """Where a fused-MoE call's device time goes: each kernel's time in the served config's call, on a GPU.
 
 Per model shape and M bucket, the config lookup serves is bound once and called ``--calls`` times under
-``torch.profiler`` (CUDA activity). Kernel times are summed by kernel and divided by the calls:
-routing (count, offsets, scatter), GEMM 1, GEMM 2 and the top-k reduction. Each GEMM is also given in
-TFLOP/s over the real pairs (GEMM 1 4 * P * N * K flops, GEMM 2 2 * P * N * K, P = M * topk), beside
-cuBLAS (``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N] and [P, N] x [N, K]),
-timed as ``moe_bench.py`` times (CUDA-graph replays). ``call_ms`` is the whole call timed the same way,
-so ``call_ms`` minus the kernels' sum is what launching them costs inside a graph.
+``torch.profiler`` (CUDA activity), the calls cycling through ``--sets`` input sets of their own routing (one
+copy of the weights), so a call rarely finds its experts' weights in L2. Kernel times are summed by kernel and
+divided by the calls: routing (count, offsets, scatter), GEMM 1, GEMM 2 and the top-k reduction (the decode
+path's two kernels count as the GEMMs, its GEMM 2 summing the pairs). Each GEMM is also given in TFLOP/s over
+the real pairs (GEMM 1 4 * P * N * K flops, GEMM 2 2 * P * N * K, P = M * topk), beside cuBLAS
+(``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N] and [P, N] x [N, K]), timed as
+``moe_bench.py`` times (CUDA-graph replays), and as its share of its weight floor: the selected experts' w1
+(GEMM 1) or w2 (GEMM 2) bytes over the device copy bandwidth measured in the run. ``call_ms`` is the whole call
+timed the same way, so ``call_ms`` minus the kernels' sum is what launching them costs inside a graph.
 
-    python plugins/flyreg-moe/bench/moe_stages.py [--shapes NAME ...] [--M 1 2 ...] [--calls 20]
+    python plugins/flyreg-moe/bench/moe_stages.py [--shapes NAME ...] [--M 1 2 ...] [--calls 20] [--sets 4]
         --json stages.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,12 +32,12 @@ import flyreg
 from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from flyreg_moe_bench.moe_bench import time_ms
+from flyreg_moe_bench.moe_bench import copy_bandwidth, routed, time_ms
 
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
 STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",
-          "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2",
-          "_reduce_kernel": "reduce"}
+          "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2", "_reduce_kernel": "reduce",
+          "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2"}
 
 
 def stage_of(kernel: str) -> str:
@@ -63,24 +68,37 @@ def profiled_kernels(fn: Callable[[], Any], calls: int) -> list[tuple[str, float
     return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
-def stages_cell(name: str, M: int, calls: int, reps: int) -> dict[str, Any]:
+def stages_cell(name: str, M: int, calls: int, reps: int, sets: int = 1, bw: float | None = None) -> dict[str, Any]:
     E, K, N, topk = MODEL_SHAPES[name]
     P = M * topk
     spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
     args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
+    x, w1, w2, tw, ids = args
+    gen = torch.Generator(device="cuda").manual_seed(M)
+    inputs = itertools.cycle([(x, tw, ids)] + [routed(M, E, K, topk, gen) for _ in range(sets - 1)])
     served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
     run = triton_moe.bind_fused_moe(*args, **served.kwargs, **served.hints)
-    ms = stage_ms(profiled_kernels(lambda: run(*args), calls), calls)
+
+    def one_call() -> torch.Tensor:  # the next input set's call
+        x, tw, ids = next(inputs)
+        return run(x, w1, w2, tw, ids)
+
+    ms = stage_ms(profiled_kernels(one_call, calls * sets), calls * sets)
+    distinct = statistics.mean(torch.unique(next(inputs)[2]).numel() for _ in range(sets))
+
     def dense_ms(rows: int, inner: int, cols: int) -> float:
         a = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(inner, cols, device="cuda", dtype=torch.bfloat16)
         return time_ms(lambda: a @ b, reps)[0]
 
     dense1, dense2 = dense_ms(P, K, 2 * N), dense_ms(P, N, K)
-    call, _ = time_ms(lambda: run(*args), reps)
+    call, _ = time_ms(one_call, reps)
     flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K}
+    weight_bytes = {"gemm1": distinct * w1[0].numel() * w1.element_size(),
+                    "gemm2": distinct * w2[0].numel() * w2.element_size()}
+    floor_pct = {g: 100 * weight_bytes[g] / bw / (ms[g] * 1e-3) for g in flops if bw and ms.get(g)}
     return {"model": name, "M": M, "config": served.to_json(), "stage_ms": ms, "call_ms": call,
-            "kernels_ms": sum(ms.values()), "dense_ms": {"gemm1": dense1, "gemm2": dense2},
+            "floor_pct": floor_pct, "kernels_ms": sum(ms.values()), "dense_ms": {"gemm1": dense1, "gemm2": dense2},
             "tflops": {g: flops[g] / ms[g] / 1e9 for g in flops if ms.get(g)},
             "dense_tflops": {"gemm1": flops["gemm1"] / dense1 / 1e9, "gemm2": flops["gemm2"] / dense2 / 1e9}}
 
@@ -91,24 +109,28 @@ def main() -> None:
     p.add_argument("--M", nargs="*", type=int, default=[1024, 2048, 4096])
     p.add_argument("--calls", type=int, default=20, help="profiled calls a cell's kernel times are averaged over")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--sets", type=int, default=4, help="input sets (routings) the calls cycle through")
     p.add_argument("--json", required=True)
     a = p.parse_args()
-    if a.calls < 1:
-        p.error(f"--calls must be >= 1, got {a.calls}")
+    if a.calls < 1 or a.sets < 1:
+        p.error(f"--calls and --sets must be >= 1, got {a.calls} and {a.sets}")
+    bw = copy_bandwidth(repeats=20)
     rows: list[dict[str, Any]] = []
+    print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     print("model | M | call us | kernels us | routing | gemm1 | gemm2 | reduce | gemm1 TF/s (dense) | "
-          "gemm2 TF/s (dense)", flush=True)
+          "gemm2 TF/s (dense) | gemm1 % floor | gemm2 % floor", flush=True)
     for model in a.shapes:
         for M in a.M:
-            r = stages_cell(model, M, a.calls, a.reps)
+            r = stages_cell(model, M, a.calls, a.reps, a.sets, bw)
             rows.append(r)
             s, t, d = r["stage_ms"], r["tflops"], r["dense_tflops"]
             print(f"{model} | {M} | {r['call_ms'] * 1e3:.1f} | {r['kernels_ms'] * 1e3:.1f} | "
                   + " | ".join(f"{s.get(k, 0.0) * 1e3:.1f}" for k in ("routing", "gemm1", "gemm2", "reduce"))
-                  + f" | {t.get('gemm1', 0):.0f} ({d['gemm1']:.0f}) | {t.get('gemm2', 0):.0f} ({d['gemm2']:.0f})",
-                  flush=True)
+                  + f" | {t.get('gemm1', 0):.0f} ({d['gemm1']:.0f}) | {t.get('gemm2', 0):.0f} ({d['gemm2']:.0f})"
+                  + "".join(f" | {r['floor_pct'].get(g, 0):.0f}" for g in ("gemm1", "gemm2")), flush=True)
             with open(a.json, "w", encoding="utf-8") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+                json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "rows": rows},
+                          f, indent=1)
             torch.cuda.empty_cache()
 
 

@@ -47,6 +47,7 @@ from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES
 
 from . import incumbent as inc
+from .moe_bench import copy_bandwidth, rel_err, routed
 
 #: (E, K, N, topk) of real models the plugin never tunes nor names (E >= 16): served by the default, or by the
 #: nearest artifact of another shape where lookup finds one; ``--unseen`` times them.
@@ -62,13 +63,6 @@ REPLAY_MS = 2.0
 #: Those outside the spec's space are skipped.
 MENU = (*((bn, bnd, bk, 4, 4) for bn in (16, 32, 64) for bnd in (32, 64, 128) for bk in (128, 256)),
         (32, 64, 128, 4, 3), (32, 64, 128, 4, 5), (32, 64, 256, 4, 3))
-
-
-def routed(M: int, E: int, K: int, topk: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """(x, topk_weights, topk_ids) of M fresh tokens, each routed to topk distinct experts."""
-    x = torch.randn((M, K), generator=gen, device="cuda").to(torch.bfloat16)
-    top, ids = torch.topk(torch.randn((M, E), generator=gen, device="cuda"), topk, dim=1)
-    return x, torch.softmax(top, dim=1), ids.to(torch.int32)
 
 
 def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
@@ -94,10 +88,6 @@ def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
         times.append(a.elapsed_time(b))
     del graph
     return statistics.median(times) / len(calls)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, rounds: int, bw: float,
@@ -161,24 +151,6 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
         row[f"ratio_{k}"] = row["incumbent_ms"] / row[f"{k}_ms"]
     return row
 
-
-
-def copy_bandwidth(repeats: int) -> float:
-    """Device copy bandwidth in bytes/s (read plus written over the median time) of a 1 GiB ``copy_``, timed
-    with events around eager calls: at this size launch cost does not show."""
-    src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    for _ in range(50):  # clocks up before anything counts
-        dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * src.numel() * src.element_size() / statistics.median(times)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
