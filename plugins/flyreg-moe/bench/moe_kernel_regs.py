@@ -133,7 +133,7 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"kernel": "offsets", "E_P2": e_p2}
         for name, table in (("base", False), ("variant", True)):
             consts = {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": table,
-                      "TABLE_LABEL": routing.TABLE_TILES}
+                      "TABLE_LABEL": routing.TABLE_TILES, "PDL": arch >= 90}
             # COUNTS BLOCK_EXPERT ROWS_USED TABLE, then ints
             row[name] = describe(compile_kernel(fn, ["*i32"] * 4 + ["i32"] * 4, consts, arch), arch)
         rows.append(row)

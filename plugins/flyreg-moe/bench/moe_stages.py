@@ -1,15 +1,16 @@
 """Where a fused-MoE call's device time goes: each kernel's time in the served config's call, on a GPU.
 
-Per model shape and M bucket, the config lookup serves is bound once and called ``--calls`` times under
-``torch.profiler`` (CUDA activity), the calls cycling through ``--sets`` input sets of their own routing (one
-copy of the weights), so a call rarely finds its experts' weights in L2. Kernel times are summed by kernel and
+Per model shape and M bucket, the config lookup serves is bound once and called ``--calls`` times per input set
+under ``torch.profiler`` (CUDA activity), the calls cycling through ``--sets`` input sets of their own routing
+(one copy of the weights), so a call rarely finds its experts' weights in L2. Kernel times are summed by kernel and
 divided by the calls: routing (count, offsets, scatter), GEMM 1, GEMM 2 and the top-k reduction (the decode
 path's two kernels count as the GEMMs, its GEMM 2 summing the pairs). Each GEMM is also given in TFLOP/s over
 the real pairs (GEMM 1 4 * P * N * K flops, GEMM 2 2 * P * N * K, P = M * topk), beside cuBLAS
 (``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N] and [P, N] x [N, K]), timed as
 ``moe_bench.py`` times (CUDA-graph replays), and as its share of its weight floor: the selected experts' w1
 (GEMM 1) or w2 (GEMM 2) bytes over the device copy bandwidth measured in the run. ``call_ms`` is the whole call
-timed the same way, so ``call_ms`` minus the kernels' sum is what launching them costs inside a graph.
+timed the same way over the same sets, so ``call_ms`` minus the kernels' sum is what launching them costs inside a
+graph.
 
     python plugins/flyreg-moe/bench/moe_stages.py [--shapes NAME ...] [--M 1 2 ...] [--calls 20] [--sets 4]
         --json stages.json
@@ -92,7 +93,7 @@ def stages_cell(name: str, M: int, calls: int, reps: int, sets: int = 1, bw: flo
         return time_ms(lambda: a @ b, reps)[0]
 
     dense1, dense2 = dense_ms(P, K, 2 * N), dense_ms(P, N, K)
-    call, _ = time_ms(one_call, reps)
+    call = time_ms(lambda: [one_call() for _ in range(sets)], reps)[0] / sets  # a replay takes every set
     flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K}
     weight_bytes = {"gemm1": distinct * w1[0].numel() * w1.element_size(),
                     "gemm2": distinct * w2[0].numel() * w2.element_size()}
@@ -107,7 +108,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=list(MODEL_SHAPES), choices=list(MODEL_SHAPES))
     p.add_argument("--M", nargs="*", type=int, default=[1024, 2048, 4096])
-    p.add_argument("--calls", type=int, default=20, help="profiled calls a cell's kernel times are averaged over")
+    p.add_argument("--calls", type=int, default=20,
+                   help="profiled calls per input set a cell's kernel times are averaged over")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sets", type=int, default=4, help="input sets (routings) the calls cycle through")
     p.add_argument("--json", required=True)

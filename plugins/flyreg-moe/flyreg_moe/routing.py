@@ -80,7 +80,7 @@ class RoutingPlan:
         """``route(ids, views)``: the three routing launches, compiled here for ids like ``ids`` (flat), each a
         programmatic dependent of the launch before it where ``pdl``."""
         P, E, rows, chunks = self.P, self.E, self.rows, self.chunks
-        fill, device, plain = triton.cdiv(rows, chunks), ids.device, hints(num_warps=4, pdl=pdl)
+        fill, device, launch_hints = triton.cdiv(rows, chunks), ids.device, hints(num_warps=4, pdl=pdl)
 
         def launch_args(ids: torch.Tensor, v: RoutingViews) -> tuple[tuple[Any, ...], ...]:
             return ((ids, v.counts, v.sorted_ids, P, E, rows, fill),
@@ -89,11 +89,12 @@ class RoutingPlan:
 
         counted, offset, scattered = launch_args(ids, views)
         chunk = {"CHUNK": chunk_size(E), "E_P2": self.e_p2, "PDL": pdl}
-        count = compiled_launcher(_count_kernel, (chunks,), counted, {**chunk, "FILL": FILL_BLOCK}, plain, device)
+        count = compiled_launcher(_count_kernel, (chunks,), counted, {**chunk, "FILL": FILL_BLOCK}, launch_hints,
+                                  device)
         offsets = compiled_launcher(_offsets_kernel, (1,), offset,
                                     {"E_P2": self.e_p2, "SCAN": SCAN_ROWS, "LABEL": LABEL_TILES, "PDL": pdl,
-                                     "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, plain, device)
-        scatter = compiled_launcher(_scatter_kernel, (chunks,), scattered, chunk, plain, device)
+                                     "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, launch_hints, device)
+        scatter = compiled_launcher(_scatter_kernel, (chunks,), scattered, chunk, launch_hints, device)
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:
             for launch, args in zip((count, offsets, scatter), launch_args(ids, v)):

@@ -46,11 +46,13 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     knobs :mod:`.space` describes, checked and compiled here: six launches (three of routing, GEMM 1, GEMM 2, the
     top-k reduction) whose grids come from the shapes alone and which never wait on the host, so a CUDA graph can
     capture a call; each launches as a programmatic dependent where ``pdl`` (default: where
-    :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError). The ids' values are checked here, and on
-    every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads the weight tiles by
-    descriptors where :func:`.space.tma_fits` the shapes, the device has TMA (:func:`tma_hardware`) and a call's
-    weights are 16-byte aligned (the others take pointer loads, compiled here too). ``DECODE``: the two launches of
-    :mod:`.decode`, which take BLOCK_M, BLOCK_N, BLOCK_N_DOWN and BLOCK_K (the other knobs are checked and unused)."""
+    :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the first waits for the launch queued
+    before the call, which must itself have waited if it was a programmatic dependent. The ids' values are checked
+    here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads the weight
+    tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has TMA (:func:`tma_hardware`) and a
+    call's weights are 16-byte aligned (the others take pointer loads, compiled here too). ``DECODE``: the two
+    launches of :mod:`.decode`, which take BLOCK_M, BLOCK_N, BLOCK_N_DOWN and BLOCK_K (the other knobs are checked
+    and unused)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     check_ids(topk_ids, E)

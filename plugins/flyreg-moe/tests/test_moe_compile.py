@@ -29,15 +29,21 @@ CASES = [
 ]
 
 
+def compiled(tmp_path: Path, *flags: str) -> dict:
+    """The JSON ``moe_kernel_regs`` writes for ``flags``, run where Triton compiles (the conftest sets
+    ``TRITON_INTERPRET`` without a GPU)."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "regs.json"
+    done = subprocess.run([sys.executable, "-m", SCRIPT, *flags, "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
 @pytest.mark.parametrize("tile, variant", CASES)
 def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path) -> None:
-    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the conftest sets it without a GPU
-    out = tmp_path / "regs.json"
-    done = subprocess.run([sys.executable, "-m", SCRIPT, "--tile", tile, "--variant", variant, "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = json.loads(out.read_text(encoding="utf-8"))
+    data = compiled(tmp_path, "--tile", tile, "--variant", variant)
     assert data["summary"] == {**data["summary"], "kernels": 2, "failed": 0}, data["rows"]
     for row in data["rows"]:
         base, var = row["base"], row["variant"]
@@ -52,13 +58,7 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
 
 
 def test_shipped_decode_configs_compile_for_sm90_as_pipelined_dependent_launches(tmp_path: Path) -> None:
-    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton's NVIDIA backend is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "decode.json"
-    done = subprocess.run([sys.executable, "-m", SCRIPT, "--decode", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    rows = compiled(tmp_path, "--decode")["rows"]
     assert {r["kernel"] for r in rows} == {"decode_gate_up", "decode_down"}
     for row in rows:
         b = row["binary"]
@@ -67,3 +67,12 @@ def test_shipped_decode_configs_compile_for_sm90_as_pipelined_dependent_launches
         assert b["cp_async"] > 0 and b["griddep"] >= 2, row  # pipelined weight loads; waits, then releases the next
         # GEMM 2 counts itself in on its column tile once a program; GEMM 1 needs no atomic
         assert b["atomic"] == (1 if row["kernel"] == "decode_down" else 0), row
+
+
+def test_routing_offsets_kernel_compiles_for_sm90_as_a_dependent_launch(tmp_path: Path) -> None:
+    rows = compiled(tmp_path, "--routing")["rows"]
+    assert [r["E_P2"] for r in rows] == [16, 64, 128]
+    for row in rows:
+        for binary in (row["base"], row["variant"]):  # without and with the tile table
+            assert "error" not in binary and binary["regs"] <= 255, row
+            assert binary["griddep"] >= 2, row  # waits for the launch before, then releases the next

@@ -256,11 +256,37 @@ def test_knobs_are_checked() -> None:
 @needs_triton
 @pytest.mark.parametrize("decode", [False, True])
 def test_dependent_launches_where_unsupported_are_an_error(decode: bool) -> None:
-    args = call(3, 4, 32, 32, 2)  # CPU tensors: no programmatic dependent launch
+    cpu_args = call(3, 4, 32, 32, 2)  # CPU tensors: no programmatic dependent launch
     with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability 9.0"):
-        triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode, pdl=True)
+        triton_moe.bind_fused_moe(*cpu_args, **TILES[0], DECODE=decode, pdl=True)
+    args = call(3, 4, 32, 32, 2, device=DEVICE)
     out = triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode, pdl=False)(*args)
     assert rel_err(out, reference(*args)) < TOL[torch.bfloat16]
+
+
+@needs_triton
+@pytest.mark.parametrize(("decode", "launches"), [(False, 6), (True, 2)])
+def test_every_dependent_launch_waits_in_its_kernel(decode: bool, launches: int, monkeypatch) -> None:
+    """A launch marked ``launch_pdl`` whose kernel skipped its wait could read what the launch before is still
+    writing: every launch of a call takes the PDL constexpr and the hint together, or neither."""
+    from flyreg_moe import decode as decode_path
+    from flyreg_moe import routing
+
+    bound: list[tuple[dict, dict]] = []
+
+    def record(kernel, grid, args, constexprs, hints, device):  # binds nothing: a launch that does nothing
+        bound.append((dict(constexprs), dict(hints)))
+        return lambda *a: None
+
+    for module in (triton_moe, routing, decode_path):
+        monkeypatch.setattr(module, "compiled_launcher", record)
+    args = call(3, 4, 32, 32, 2)
+    for pdl in (True, False):
+        bound.clear()
+        monkeypatch.setattr(triton_moe, "resolve_pdl", lambda device, wanted, pdl=pdl: pdl)
+        triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode)
+        assert len(bound) == launches
+        assert all(c["PDL"] is pdl and h.get("launch_pdl", False) is pdl for c, h in bound), bound
 
 
 
