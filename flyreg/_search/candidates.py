@@ -169,7 +169,9 @@ class Evaluator:
 
     def final_round(self, default: Config | None) -> frozenset[Config]:
         """Time the finalists again over :data:`FINAL_SCALE` times the work (their final times replace
-        the first); returns those that were. Journaled under :func:`final_timing`.
+        the first); returns those that were. Journaled under :func:`final_timing`. A round cut short by the
+        deadline, or left with one survivor, ranks nothing: its configs keep their first times and none is
+        returned.
 
         A :class:`CaptureError` leaves that finalist its first time, outside the final ranking; a
         finalist that fails otherwise is dropped and reported: a config that fails on a re-run is not served.
@@ -197,11 +199,11 @@ class Evaluator:
         for config in out:  # bound again after a resume, and now failing
             self.timed.pop(config, None)
         self._warm(ready)
+        cut = False
         for config, token in ready:
             if self.late():  # cut short: a partial round cannot rank, the first round's times do
-                self.timed.update((c, first[c]) for c in final)
-                self._recheck(default)
-                return frozenset()
+                cut = True
+                break
             try:
                 result = self._time(token, FINAL_SCALE)
             except CaptureError:
@@ -216,7 +218,7 @@ class Evaluator:
             self._journal(timing, config, result)
             self.stats.retimed += 1
             final.add(config)
-        if len(final) == 1:  # one survivor ranks nothing: it keeps its first time, as when the round is cut short
+        if cut or len(final) == 1:  # one survivor ranks nothing either
             self.timed.update((c, first[c]) for c in final)
             final.clear()
         if not final:  # the pick is then among every timing: finalists dropped here may leave others in front

@@ -16,7 +16,7 @@ from typing import Protocol
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
-from flyreg._core.search_terms import STRATEGIES as STRATEGY_NAMES, check_effort, check_strategy
+from flyreg._core.search_terms import STRATEGIES as STRATEGY_NAMES
 
 Evaluate = Callable[[Sequence[Config]], Mapping[Config, "float | None"]]
 Times = dict[Config, "float | None"]
@@ -210,9 +210,8 @@ STRATEGIES: dict[str, Callable[[], Strategy]] = dict(zip(STRATEGY_NAMES, (Exhaus
 def choose(space_size: int, effort: str = "auto", preferred: str | None = None) -> tuple[Strategy, int | None]:
     """The strategy and evaluation cap for a space: ``full`` times everything; ``quick`` a local search
     capped at :data:`QUICK_SHARE` of a large space; ``auto`` is ``full`` up to :data:`EXHAUSTIVE_MAX`
-    configs and ``quick`` above. An op's ``preferred`` strategy replaces the large-space choice."""
-    check_effort("", effort)
-    check_strategy("", preferred)
+    configs and ``quick`` above. An op's ``preferred`` strategy replaces the large-space choice. Both as the
+    search settings checked them."""
     if effort == "full" or (effort == "auto" and space_size <= EXHAUSTIVE_MAX):
         return Exhaustive(), None
     large = STRATEGIES[preferred or "local"]()
