@@ -316,7 +316,8 @@ def triton_op(kernel: Any, *, schema: str, grid: Callable[[dict[str, Any]], tupl
     from the call's arguments and, with ``output_like``, the output allocated like that argument
     (``torch.empty_like``), which the call returns. ``grid(meta)``: the launch grid from ``meta``, the
     kernel's arguments by name plus the knobs. The kernel is compiled once per call signature
-    (:func:`flyreg.triton.compiled_launcher`). Every other argument is a :class:`Declaration` field.
+    (:func:`flyreg.triton.compiled_launcher`). Every other argument is a :class:`Declaration` field or a
+    record field of :data:`RECORD_KEYWORDS` (not ``record``: the schema is given).
     """
     names = list(_signature(schema).parameters)
     out_at = names.index(output_like) if output_like in names else None  # the record names a wrong one

@@ -8,6 +8,7 @@ and functionalization see the write.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Sequence
@@ -89,6 +90,12 @@ def parse_schema(text: object) -> Schema:
     """The schema ``text`` (no op name) as a :class:`Schema`; :class:`SchemaError` saying what is malformed."""
     if not isinstance(text, str):
         raise SchemaError(f"torch_schema must be a str like '(Tensor x, float eps=1e-06) -> Tensor', got {text!r}")
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(text: str) -> Schema:
+    # Parsed once per text: an op's record, its declaration and its tuner each read the same schema.
     m = _SCHEMA.match(text)
     if m is None:
         raise SchemaError(f"torch_schema {text!r} is not '(<arguments>) -> <returns>' "
