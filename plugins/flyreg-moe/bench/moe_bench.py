@@ -31,7 +31,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -117,6 +117,11 @@ def routed(M: int, E: int, K: int, topk: int, gen: torch.Generator) -> tuple[tor
     x = torch.randn((M, K), generator=gen, device="cuda").to(torch.bfloat16)
     top, ids = torch.topk(torch.randn((M, E), generator=gen, device="cuda"), topk, dim=1)
     return x, torch.softmax(top, dim=1), ids.to(torch.int32)
+
+
+def distinct_experts(ids_sets: Iterable[torch.Tensor]) -> float:
+    """Distinct experts a call's ids select, averaged over input sets: the experts whose weights a call reads."""
+    return statistics.mean(torch.unique(ids).numel() for ids in ids_sets)
 
 
 def copy_bandwidth(repeats: int) -> float:

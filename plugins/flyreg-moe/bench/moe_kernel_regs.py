@@ -144,7 +144,7 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
 
 def decode_counts(arch: int) -> list[dict[str, Any]]:
     """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts."""
-    from flyreg_moe import decode, routing
+    from flyreg_moe import decode
 
     seen = set()
     for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
@@ -155,22 +155,17 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
                       hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"]))
     rows = []
     for bm, bn, bnd, bk, warps, stages, K, N, E, topk in sorted(seen):
-        counts = -(-K // bnd)
+        # M = BLOCK_M: a decode tile holds every token of its bucket
+        up, down = decode.constexprs(bm, K, N, E, topk, bm, bn, bk, bnd, upcast=False, pdl=arch >= 90)
         kernels = {  # kernel: (pointer and int argument types, constexprs)
-            "decode_gate_up": (["*bf16"] * 3 + ["*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 8,
-                               {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "E_P2": max(16, space.next_pow2(E)),
-                                "CHUNK": routing.chunk_size(E), "TOPK_P2": space.next_pow2(topk),
-                                "COUNTS_P2": space.next_pow2(counts), "EVEN_K": K % bk == 0}),
-            "decode_down": (["*bf16", "*bf16", "*fp32", "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 5,
-                            {"BLOCK_M": bm, "BLOCK_N": bnd, "BLOCK_K": bk, "TOPK_P2": space.next_pow2(topk),
-                             "EVEN_K": N % bk == 0, "EVEN_N": K % bnd == 0})}
+            "decode_gate_up": (["*bf16"] * 3 + ["*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 8, up),
+            "decode_down": (["*bf16", "*bf16", "*fp32", "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 5, down)}
         for which, (types, consts) in kernels.items():
             fn = getattr(decode, f"_{which}_kernel")
             row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
                                    "E": E, "topk": topk}
             try:
-                row["binary"] = describe(compile_kernel(fn, types, {**consts, "UPCAST": False, "PDL": True}, arch,
-                                                        warps, stages), arch)
+                row["binary"] = describe(compile_kernel(fn, types, consts, arch, warps, stages), arch)
             except Exception as e:  # a failed compile is a result too
                 row["binary"] = failure(e)
             rows.append(row)
@@ -207,7 +202,7 @@ def main() -> None:
                       help="the routing's offsets kernel, with the tile table as variant")
     what.add_argument("--decode", action="store_true", help="the decode kernels of the shipped decode configs")
     p.add_argument("--variant", type=variant, default={"tma": True},
-                   help="knobs compared with pointer loads, no tails, h by pair and GEMM 2 as wide as GEMM 1: TMA "
+                   help="knobs compared with pointer loads, no tails and GEMM 2 as wide as GEMM 1: TMA "
                         "(the default), TAILS=1 or 2, BLOCK_N_DOWN=256, or a mix")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,7 +32,7 @@ import flyreg
 from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
-from flyreg_moe_bench.moe_bench import copy_bandwidth, routed, time_ms
+from flyreg_moe_bench.moe_bench import copy_bandwidth, distinct_experts, routed, time_ms
 
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
 STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",
@@ -43,7 +42,8 @@ STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_ke
 
 def stage_of(kernel: str) -> str:
     """The stage a kernel name belongs to; ``other`` for a kernel that is not the op's (a memset, say)."""
-    return next((stage for name, stage in STAGES.items() if name in kernel), "other")
+    name = max((n for n in STAGES if n in kernel), key=len, default=None)  # "_down_kernel" is in "_decode_down_kernel"
+    return STAGES[name] if name else "other"
 
 
 def stage_ms(kernels: Iterable[tuple[str, float]], calls: int) -> dict[str, float]:
@@ -69,14 +69,15 @@ def profiled_kernels(fn: Callable[[], Any], calls: int) -> list[tuple[str, float
     return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
-def stages_cell(name: str, M: int, calls: int, reps: int, sets: int = 1, bw: float | None = None) -> dict[str, Any]:
+def stages_cell(name: str, M: int, calls: int, reps: int, sets: int, bw: float) -> dict[str, Any]:
     E, K, N, topk = MODEL_SHAPES[name]
     P = M * topk
     spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
     args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
     x, w1, w2, tw, ids = args
     gen = torch.Generator(device="cuda").manual_seed(M)
-    inputs = itertools.cycle([(x, tw, ids)] + [routed(M, E, K, topk, gen) for _ in range(sets - 1)])
+    input_sets = [(x, tw, ids)] + [routed(M, E, K, topk, gen) for _ in range(sets - 1)]
+    inputs = itertools.cycle(input_sets)
     served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
     run = triton_moe.bind_fused_moe(*args, **served.kwargs, **served.hints)
 
@@ -85,7 +86,7 @@ def stages_cell(name: str, M: int, calls: int, reps: int, sets: int = 1, bw: flo
         return run(x, w1, w2, tw, ids)
 
     ms = stage_ms(profiled_kernels(one_call, calls * sets), calls * sets)
-    distinct = statistics.mean(torch.unique(next(inputs)[2]).numel() for _ in range(sets))
+    distinct = distinct_experts(ids for _, _, ids in input_sets)
 
     def dense_ms(rows: int, inner: int, cols: int) -> float:
         a = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
@@ -97,7 +98,7 @@ def stages_cell(name: str, M: int, calls: int, reps: int, sets: int = 1, bw: flo
     flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K}
     weight_bytes = {"gemm1": distinct * w1[0].numel() * w1.element_size(),
                     "gemm2": distinct * w2[0].numel() * w2.element_size()}
-    floor_pct = {g: 100 * weight_bytes[g] / bw / (ms[g] * 1e-3) for g in flops if bw and ms.get(g)}
+    floor_pct = {g: 100 * weight_bytes[g] / bw / (ms[g] * 1e-3) for g in flops if ms.get(g)}
     return {"model": name, "M": M, "config": served.to_json(), "stage_ms": ms, "call_ms": call,
             "floor_pct": floor_pct, "kernels_ms": sum(ms.values()), "dense_ms": {"gemm1": dense1, "gemm2": dense2},
             "tflops": {g: flops[g] / ms[g] / 1e9 for g in flops if ms.get(g)},

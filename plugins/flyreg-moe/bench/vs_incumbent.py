@@ -47,7 +47,7 @@ from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES
 
 from . import incumbent as inc
-from .moe_bench import copy_bandwidth, rel_err, routed
+from .moe_bench import copy_bandwidth, distinct_experts, rel_err, routed
 
 #: (E, K, N, topk) of real models the plugin never tunes nor names (E >= 16): served by the default, or by the
 #: nearest artifact of another shape where lookup finds one; ``--unseen`` times them.
@@ -135,7 +135,7 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
     for key, run in runs.items():
         fns[key] = lambda s, run=run: run(inputs[s][0], w1, w2, inputs[s][1], inputs[s][2])
     expert_bytes = 3 * N * K * w1.element_size()
-    distinct = statistics.mean(torch.unique(ids).numel() for _, _, ids in inputs)
+    distinct = distinct_experts(ids for _, _, ids in inputs)
     row["floor_ms"] = distinct * expert_bytes / bw * 1e3
     calls = sets * max(1, math.ceil(REPLAY_MS / row["floor_ms"] / sets))
     keys = list(fns)

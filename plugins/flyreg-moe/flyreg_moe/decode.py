@@ -153,6 +153,17 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
         tl.store(out_ptr, total.to(OUT.dtype.element_ty), mask=out_mask)
 
 
+def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
+               BLOCK_N_DOWN: int, upcast: bool, pdl: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The constexprs of GEMM 1's and GEMM 2's launches for these sizes and knobs (what makes each binary)."""
+    n_counts, topk_p2 = triton.cdiv(K, BLOCK_N_DOWN) * triton.cdiv(M, BLOCK_M), next_pow2(topk)
+    return ({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": max(16, next_pow2(E)),
+             "CHUNK": chunk_size(E), "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts), "EVEN_K": K % BLOCK_K == 0,
+             "UPCAST": upcast, "PDL": pdl},
+            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
+             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl})
+
+
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
                 num_warps: int | None, num_stages: int | None, pdl: bool) -> Launch:
@@ -160,9 +171,10 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
     ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches (programmatic dependents where
     ``pdl``)."""
     (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
-    P, e_p2, topk_p2 = M * topk, max(16, next_pow2(E)), next_pow2(topk)
-    slots, token_tiles, col_tiles = min(P, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
-    n_counts, upcast = col_tiles * token_tiles, interpreted() and dtype == torch.bfloat16
+    P, slots, token_tiles, col_tiles = M * topk, min(M * topk, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
+    up_consts, down_consts = constexprs(M, K, N, E, topk, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_N_DOWN,
+                                        interpreted() and dtype == torch.bfloat16, pdl)
+    e_p2, n_counts = up_consts["E_P2"], col_tiles * token_tiles
 
     def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,
                     ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -174,16 +186,10 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
                 (h, w2, y, out, ids, experts, counts, M, E, topk, N, K))
 
     up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
-    gate_up = compiled_launcher(
-        _decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles), up,
-        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": e_p2, "CHUNK": chunk_size(E),
-         "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts), "EVEN_K": K % BLOCK_K == 0, "UPCAST": upcast,
-         "PDL": pdl}, hints(num_warps, num_stages, pdl=pdl), device)
-    down = compiled_launcher(
-        _decode_down_kernel, (col_tiles, slots, token_tiles), down_args,
-        {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
-         "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl},
-        hints(num_warps, num_stages, pdl=pdl), device)
+    gate_up = compiled_launcher(_decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles), up, up_consts,
+                                hints(num_warps, num_stages, pdl=pdl), device)
+    down = compiled_launcher(_decode_down_kernel, (col_tiles, slots, token_tiles), down_args, down_consts,
+                             hints(num_warps, num_stages, pdl=pdl), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""The fused-MoE GEMM kernels compile for the H200's target (sm_90a) with each knob, without a GPU.
+"""The fused-MoE kernels compile for the H200's target (sm_90a) without a GPU: the GEMMs with each knob,
+the shipped decode configs' two kernels and the routing's offsets kernel, each as a dependent launch.
 
 The CPU suite runs the kernels in Triton's interpreter, which does not compile them: it once passed a
-tail-tile path that Triton's compiler refused. ``bench/moe_kernel_regs.py`` compiles a tile's two
-GEMM binaries with and without a variant's knobs, in a process without ``TRITON_INTERPRET``.
+tail-tile path that Triton's compiler refused. ``bench/moe_kernel_regs.py`` compiles them (a tile's two
+GEMM binaries with and without a variant's knobs) in a process without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
