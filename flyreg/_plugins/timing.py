@@ -39,6 +39,8 @@ def _op_call(op: str, spec: dict[str, JSONScalar], device: str) -> tuple[Autotun
         _made.clear()
         tuner = registry.REGISTRY.tuner(op)
         args, kwargs = registry.REGISTRY.plugin(op).make_inputs(dict(spec), device)
+        if torch.device(device).type == "cuda":  # hand back the last spec's inputs and make_inputs' temporaries
+            torch.cuda.empty_cache()
         ck, call = call_of(tuner, args, kwargs)
         _made[key] = (tuner, ck, call, tuned_spec(op, args, kwargs, device))
     return _made[key]
@@ -85,10 +87,20 @@ def _cuda_usable(device: torch.device) -> bool:
 def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: dict[str, JSONScalar]) -> str | None:
     """In a compile pool process: build ``config`` and bind it to the inputs ``make_inputs`` makes of ``spec``,
     where a backend compiles (a :func:`flyreg.triton.compiled_launcher` fills Triton's on-disk cache);
-    returns why it failed, or None."""
+    returns why it failed, or None. Running out of device memory is no failure of the config (the pool's
+    processes each hold the op's inputs): it is left to the benchmarking worker, which builds it itself."""
     try:
         tuner, ck, call, _ = _op_call(op, spec, device)
         tuner.bind(Config.from_json(config), ck.spec, call.args, call.kwargs)
     except Exception as e:  # the config's failure, reported by the search
-        return f"{type(e).__name__}: {e}"
+        return None if _out_of_memory(e) else f"{type(e).__name__}: {e}"
     return None
+
+
+def _out_of_memory(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error it was raised from (a hook's error wraps the hook's), is torch's out of memory."""
+    while error is not None:
+        if isinstance(error, torch.OutOfMemoryError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

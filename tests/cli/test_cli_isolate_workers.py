@@ -13,7 +13,8 @@ from test_cli_isolate import journal_errors, timed_out
 
 #: An op whose configs come from WORKERS_CONFIGS ("MODE:K,..."): MODE "ok" sleeps K ms a call, "slow" sleeps
 #: K s, "abort" aborts its process, "hang" never returns and "raise" raises. Every launch notes
-#: "MODE K PID PPID" in WORKERS_LOG; WORKERS_NO_INPUTS makes ``make_inputs`` fail.
+#: "MODE K PID PPID" in WORKERS_LOG; WORKERS_NO_INPUTS makes ``make_inputs`` fail, and WORKERS_FULL_AFTER (a
+#: file) makes every call of it after the first (the benchmarking worker's) run out of device memory.
 WORKERS_MODULE = '''
 import os
 import time
@@ -62,6 +63,12 @@ def default(spec):
 def make_inputs(spec, device):
     if "WORKERS_NO_INPUTS" in os.environ:
         raise ImportError("no such kernel library")
+    full = os.environ.get("WORKERS_FULL_AFTER")
+    if full:
+        made = os.path.exists(full)
+        open(full, "a").close()
+        if made:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     return (torch.randn(spec["n"], device=device),), {}
 
 
@@ -130,6 +137,17 @@ def test_the_time_limit_adapts_to_the_configs_already_timed(tmp_path: Path) -> N
     assert 0.5 < float(limit.group(1)) < 30
     assert table_rows(proc.stdout)[0][2] == "K=1 MODE=ok"
     assert [mode for mode, *_ in launches(log)].count("slow") == 1  # killed in its first call
+
+
+def test_a_compile_that_runs_out_of_device_memory_leaves_its_config_to_the_benchmarking_worker(tmp_path: Path) -> None:
+    # Each compile pool process makes the op's inputs too; where the device cannot hold them all, the
+    # config is not failed: the benchmarking worker builds it itself and times it.
+    run, log = workers_env(tmp_path, "ok:3,ok:1,ok:2", "3", WORKERS_FULL_AFTER=str(tmp_path / "made"))
+    proc = tune(run)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert journal_errors(run) == {"ok3": None, "ok1": None, "ok2": None}
+    assert table_rows(proc.stdout)[0][2] == "K=1 MODE=ok"
+    assert {mode for mode, *_ in launches(log)} == {"ok"}
 
 
 def test_a_worker_that_cannot_make_its_inputs_is_one_clear_error(tmp_path: Path) -> None:

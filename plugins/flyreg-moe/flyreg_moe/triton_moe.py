@@ -10,8 +10,7 @@ import triton
 
 from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted, resolve_pdl
 
-from . import decode, routing, space
-from . import gemm_kernels as gk
+from . import decode, gemm_kernels as gk, routing, space
 from .checks import Launch, check_ids, check_knobs, check_moe, ids_checked
 
 #: Columns a reduction program covers at most.
