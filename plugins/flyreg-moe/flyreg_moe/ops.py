@@ -41,13 +41,12 @@ def _bind(*args: Any, **options: Any) -> Any:
 def make_moe_inputs(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, device: Any,
                     seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Random call arguments on ``device``: every stage near unit variance, each token routed to ``topk`` experts."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    kw = {"generator": torch.Generator(device=device).manual_seed(seed), "device": device}
     w1, w2 = (torch.empty(s, dtype=dtype, device=device) for s in ((E, 2 * N, K), (E, K, N)))
     for e in range(E):  # an expert at a time: the float32 draw held at once is one expert's, not all of them
-        w1[e], w2[e] = (torch.randn(w.shape[1:], generator=g, device=device) * w.shape[2] ** -0.5 for w in (w1, w2))
-    top, ids = torch.randn((M, E), generator=g, device=device).topk(topk)
-    x = torch.randn((M, K), generator=g, device=device).to(dtype)
-    return x, w1, w2, torch.softmax(top, dim=1), ids.to(torch.int32)
+        w1[e], w2[e] = (torch.randn(w.shape[1:], **kw) * w.shape[2] ** -0.5 for w in (w1, w2))
+    x, (top, ids) = torch.randn((M, K), **kw), torch.randn((M, E), **kw).topk(topk)
+    return x.to(dtype), w1, w2, torch.softmax(top, dim=1), ids.to(torch.int32)
 
 
 def _make_inputs(spec: dict[str, Any], device: str) -> tuple[torch.Tensor, ...]:

@@ -41,9 +41,9 @@ DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 DECODE_ROWS = 64
-#: Rows up to which the default takes the decode path: on an H100 its default tile beat the grouped path's served
-#: config at M = 1 to 16 on all four model shapes, within 4 % of the menu's best (``vs_incumbent --menu``).
-DECODE_DEFAULT_ROWS = 16
+#: Rows up to which the default takes the decode path: on an H100 it beat the grouped path at M = 1 to 16 (its
+#: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
+DECODE_DEFAULT_ROWS = 32
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)
 #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
@@ -132,10 +132,11 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
-    """The decode path's no-search config, a member of :func:`decode_configs`: GEMM 1 32 columns, GEMM 2 64, 128
-    deep, 4 warps, 5 stages (fewer where a 64-token tile's pipeline would not fit shared memory)."""
-    return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and
-                (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == (32, 64, 128)),
+    """The decode path's no-search config (GEMM 1 / GEMM 2 columns / depth, 4 warps): 32/64/128 and 5 stages or as
+    many as fit; above 16 rows 64/32/128 and 4 stages (the menu's best there)."""
+    tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
+    return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
+                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile),
                key=lambda c: c.hints["num_stages"])
 
 

@@ -85,7 +85,7 @@ def test_decode_knob_is_checked() -> None:
 
 def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_where_set() -> None:
     base = {"E": 128, "K": 2048, "N": 768, "topk": 8}
-    for M in (1, 16, 64, 128):
+    for M in (1, 16, 32, 64, 128):
         spec = {**base, "M": M}
         decode = [c for c in space.triton_configs(spec) if c.kwargs.get("DECODE")]
         assert decode == space.decode_configs(spec)
@@ -95,6 +95,9 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         assert bool(default.kwargs.get("DECODE")) == (M <= space.DECODE_DEFAULT_ROWS)
         if default.kwargs.get("DECODE"):
             assert default in decode
+            wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages
+            assert (default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]) == (
+                (64, 32, 4) if wide else (32, 64, 5))
 
 
 
