@@ -26,12 +26,14 @@ EFFORTS = ("auto", "quick", "full")
 
 @attrs.frozen
 class Call:
-    """The call a search runs on: its arguments, by position and keyword and by name, and its device."""
+    """The call a search runs on: its arguments, by position and keyword and by name, its device, and
+    ``draws(seed) -> (args, kwargs)``, other draws of its spec (None: the op's inputs are drawn alike)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     named: dict[str, Any]
     device: Any
+    draws: Callable[[int], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
 
 
 def check_counts(warmup: object, rep: object) -> None:

@@ -142,7 +142,8 @@ class Declaration:
     ``cpu(*args, **knobs)``: a plain torch implementation run on the CPU, with its own ``cpu_configs``
     and ``cpu_default`` (default: the first of them); it is the ``reference`` unless one is given.
     ``workloads``: the specs ``flyreg tune`` tunes, by device type (``{"cuda": [...], "cpu": [...]}``) or a
-    function of the device, without the backend. ``make_inputs(spec, device)``: a call's arguments.
+    function of the device, without the backend. ``make_inputs(spec, device)``: a call's arguments (with a
+    ``seed`` keyword where the op's time depends on their values: each seed a draw of its own).
     ``reference(*args)``: the plain result. ``work(spec)``: a :class:`~flyreg.plugin.Work`.
     ``name`` names the op in the errors of its hooks.
     """
@@ -156,7 +157,7 @@ class Declaration:
     cpu_configs: Space = (Config(),)
     cpu_default: Default | None = None
     workloads: Mapping[str, Sequence[Mapping[str, Any]]] | Callable[[str], Sequence[Mapping[str, Any]]] | None = None
-    make_inputs: Callable[[Spec, str], Sequence[Any]] | None = None
+    make_inputs: Callable[..., Sequence[Any]] | None = None
     reference: Callable[..., Any] | None = None
     work: Callable[[Spec], Work | None] | None = None
     name: str = ""
@@ -206,7 +207,9 @@ class DeclaredOp:
         # Optional hooks exist only where declared: pluggy then sees the op implement exactly those.
         if d.workloads is not None:
             self.workloads = hookimpl(lambda device: self._workloads(device))
-        if d.make_inputs is not None:
+        if d.make_inputs is not None and _takes(d.make_inputs)("seed"):  # its draws differ: a search times several
+            self.make_inputs = hookimpl(lambda spec, device, seed: (tuple(d.make_inputs(spec, device, seed=seed)), {}))
+        elif d.make_inputs is not None:
             self.make_inputs = hookimpl(lambda spec, device: (tuple(d.make_inputs(spec, device)), {}))
         if d.reference is not None or d.cpu is not None:
             self.reference = hookimpl(lambda args, kwargs: self._reference(args, kwargs))

@@ -121,10 +121,14 @@ def workloads(device: str) -> list[dict[str, JSONScalar]]:
 
 
 @hookspec(firstresult=True)
-def make_inputs(spec: dict[str, JSONScalar], device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def make_inputs(spec: dict[str, JSONScalar], device: str, seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Return ``(args, kwargs)`` of a call whose spec is ``spec``, on ``device``, for benchmarking.
 
-    Called by tuning tools that tune a spec with no real call at hand (``workloads()``).
+    Called by tuning tools that tune a spec with no real call at hand (``workloads()``). ``seed``
+    (0 first) picks the draw: an op whose time depends on its inputs' values, not only their shapes
+    (a routing, a sparsity pattern), takes it and draws each seed apart. A search then times every
+    candidate over several draws (:data:`flyreg._search.steady.DRAWS`), not one; an op that leaves
+    ``seed`` out is timed on copies of one call.
 
     Example::
 
@@ -132,6 +136,12 @@ def make_inputs(spec: dict[str, JSONScalar], device: str) -> tuple[tuple[Any, ..
         def make_inputs(spec, device):
             x = torch.randn(64, spec["N"], device=device)
             return (x, torch.empty_like(x)), {}
+
+        @hookimpl
+        def make_inputs(spec, device, seed):  # an op routed by its inputs' values
+            g = torch.Generator(device=device).manual_seed(seed)
+            x = torch.randn(64, spec["N"], device=device, generator=g)
+            return (x, torch.randint(0, 8, (64,), device=device, generator=g)), {}
     """
 
 

@@ -153,14 +153,19 @@ class OpPlugin:
     def workloads(self, device: str) -> list[dict[str, JSONScalar]]:
         return list(self._call("workloads", device=device) or [])
 
-    def make_inputs(self, spec: dict[str, JSONScalar], device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        result = self._required("make_inputs", spec=spec, device=device)
+    def make_inputs(self, spec: dict[str, JSONScalar], device: str,
+                    seed: int = 0) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        result = self._required("make_inputs", spec=spec, device=device, seed=seed)
         try:
             args, kwargs = result
             return tuple(args), dict(kwargs)
         except (TypeError, ValueError):
             raise PluginError(f"op {self.name!r}: make_inputs() must return (args, kwargs), "
                               f"got {type(result).__name__}") from None
+
+    def seeded_inputs(self) -> bool:
+        """Whether the op's ``make_inputs`` takes a ``seed``: its draws differ, so a search times several."""
+        return any("seed" in i.argnames for i in self.pm.hook.make_inputs.get_hookimpls())
 
     def reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._required("reference", args=args, kwargs=kwargs)

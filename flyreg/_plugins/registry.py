@@ -328,7 +328,7 @@ def build_tuner(plugin: OpPlugin) -> Autotuner:
         reference=plugin.reference if plugin.implements("reference") else None,
         spec_check=plugin.check_spec if rec.axes else None)
     if plugin.implements("make_inputs"):
-        tuner.make_inputs = plugin.make_inputs
+        tuner.make_inputs, tuner.seeded_inputs = plugin.make_inputs, plugin.seeded_inputs()
     return tuner
 
 

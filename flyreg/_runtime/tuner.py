@@ -160,9 +160,11 @@ class Autotuner:
         self.memory = Memory()
         self._bound: dict[Any, Launcher] = {}
         self._counted: dict[Any, Any] = {}  # while recording: the counters that replace _bound (serving_record.py)
-        #: ``make_inputs(spec, device) -> (args, kwargs)``: a call's inputs for a spec, where the op has the hook
-        #: (a plugin's); :func:`flyreg.tune_pending` tunes a key missed during capture on them.
-        self.make_inputs: Callable[[dict[str, JSONScalar], str], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+        #: ``make_inputs(spec, device, seed=0) -> (args, kwargs)``: a call's inputs for a spec, where the op has
+        #: the hook (a plugin's); :func:`flyreg.tune_pending` tunes a key missed during capture on them.
+        self.make_inputs: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+        #: Whether ``make_inputs`` draws each seed apart: a search then times its candidates over several draws.
+        self.seeded_inputs = False
         serving_record.track(self)
 
     @property
@@ -323,9 +325,16 @@ _SEQUENCES = (list, tuple)
 def call_of(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any],
             ck: CallKey | None = None) -> tuple[CallKey, Call]:
     """A call's key (its spec, device identity and scratch-cache key; ``ck`` if already built) and the
-    call a search runs on."""
+    call a search runs on, with the op's other draws of its spec where ``make_inputs`` takes a seed."""
     ck = ck if ck is not None else tuner._call_key(args, kwargs)
-    return ck, Call(args, kwargs, ck.named, ck.device)
+    make = tuner.make_inputs if tuner.seeded_inputs else None
+    draws = None if make is None else functools.partial(_draw, make, dict(ck.spec), str(ck.device))
+    return ck, Call(args, kwargs, ck.named, ck.device, draws)
+
+
+def _draw(make: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]], spec: dict[str, JSONScalar], device: str,
+          seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return make(dict(spec), device, seed=seed)
 
 
 def _refuse_grad(op: str, names: list[str]) -> None:

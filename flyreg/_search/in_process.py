@@ -27,7 +27,7 @@ from flyreg._search.candidates import CandidateError, Evaluator, Measured, reaso
 from flyreg._search.gate import mismatch, run_reference
 from flyreg._search.graphs import CaptureError
 from flyreg._search.output import OutputTail, captured, with_output
-from flyreg._search.steady import InputSet
+from flyreg._search.steady import Draws, InputSet
 from flyreg._search.timers import InPlace, TimeOne, single_call_timer, steady_timer
 
 
@@ -74,7 +74,8 @@ def evaluating(settings: SearchSettings, spec: dict[str, JSONScalar], call: Call
                                       zeroed)
     gate = Gate(ref, expected, {**restore, **zeroed})
     try:
-        yield InProcessEvaluator(settings, spec, own, call.device, in_place, gate, build, bind, stats, machine)
+        yield InProcessEvaluator(settings, spec, own, call.device, in_place, gate, build, bind, stats, machine,
+                                 call.draws)
     finally:
         in_place.prepare(own, None)  # the real call that follows runs on the true inputs
 
@@ -84,9 +85,10 @@ class InProcessEvaluator(Evaluator):
 
     def __init__(self, settings: SearchSettings, spec: dict[str, JSONScalar], own: InputSet, device: Any,
                  in_place: InPlace, gate: Gate, build: Build, bind: Bind, stats: TunerStats,
-                 machine: journal.Machine | None) -> None:
+                 machine: journal.Machine | None, draws: Draws | None = None) -> None:
         super().__init__(settings, spec, device, stats, machine)
         self.own, self.in_place, self.gate, self.build, self.bind = own, in_place, gate, build, bind
+        self.draws = draws  # other draws of the call's spec, which steady timing rotates through
         self.launchers: dict[Config, Launcher] = {}
         self._timer: TimeOne | None = None
 
@@ -191,7 +193,7 @@ class InProcessEvaluator(Evaluator):
     def _make_timer(self) -> TimeOne:
         settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode
         if mode == "steady":
-            return steady_timer(settings, list(self.launchers.values()), own, self.device, in_place)
+            return steady_timer(settings, list(self.launchers.values()), own, self.device, in_place, self.draws)
         return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
 
     def _fall_back(self, e: CaptureError) -> None:

@@ -6,6 +6,10 @@ reads faster than any call in a forward pass. Here the calls of a replay cycle t
 the inputs (together at least twice the device's L2, :func:`~flyreg._core.device_facts.rotate_bytes`,
 where :data:`MAX_SETS` copies reach it, so no call of a large shape finds its inputs in L2), the
 outputs stay alive over the same distance, and launch cost is out (one CUDA graph of many calls).
+
+Where the op draws its inputs by seed (``make_inputs`` takes one: a routing, say, moves its time), the
+calls cycle through :data:`DRAWS` draws at least: each copy holds another draw's values
+(:func:`fill_from_draw`), and storages too large for that many copies are shared by all of them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -26,6 +30,10 @@ from flyreg._search.graphs import capture
 #: Most input copies a search makes, and most bytes they take together.
 MAX_SETS = 64
 COPY_BUDGET = 1024 * 1024 * 1024
+#: Fewest input sets of a steady timing where the op draws its inputs by seed (each set a draw).
+DRAWS = 4
+#: ``draws(seed) -> (args, kwargs)``: another draw of a call's inputs (:attr:`flyreg._core.search_terms.Call.draws`).
+Draws = Callable[[int], tuple[tuple[Any, ...], dict[str, Any]]]
 #: Device time a replay lasts at least (when calls are short), and most calls it holds.
 TARGET_MS = 0.25
 MAX_CALLS = 256
@@ -116,6 +124,20 @@ def copy_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], budget: int = COP
     return InputSet(new_args, new_kwargs, copies)
 
 
+def fill_from_draw(s: InputSet, own: InputSet, drawn: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
+    """Give the copies of input set ``s`` (made of ``own``) the values of ``drawn``, another draw of the call,
+    tensor for tensor; a tensor ``s`` shares with ``own`` keeps its values. False, and ``s`` unchanged,
+    where the draw's tensors are not those of the call (count, shapes, dtypes)."""
+    mine, theirs = _distinct_tensors((own.args, own.kwargs)), _distinct_tensors(drawn)
+    if len(mine) != len(theirs) or any((a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(mine, theirs)):
+        return False
+    for original, value in zip(mine, theirs):
+        copy = s.copies.get(id(original))
+        if copy is not None:
+            copy.copy_(value)
+    return True
+
+
 def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_bytes: int | None = None,
               rotate: int | None = None) -> int:
     """Input sets to rotate through (the call's own arguments are one of them).
@@ -133,6 +155,21 @@ def set_count(set_bytes: int, prepared: bool, budget: int = COPY_BUDGET, copy_by
     fit = 1 + budget // copy_bytes
     want = MAX_SETS if prepared else math.ceil((rotate_bytes() if rotate is None else rotate) / set_bytes)
     return max(1, min(want, fit, MAX_SETS))
+
+
+def plan_sets(storage_bytes: Iterable[int], set_bytes: int, prepared: bool, budget: int,
+              in_place_bytes: Iterable[int] = (), drawn: bool = False) -> tuple[int, int]:
+    """(input sets to rotate through, bytes above which a storage is shared by them, not copied), for a call
+    of these storages and :func:`set_count`'s ``set_bytes`` and ``prepared``: where the op draws its inputs
+    by seed (``drawn``), at least :data:`DRAWS` sets as ``budget`` holds, a storage over a :data:`DRAWS`-th of
+    it shared. An in-place storage over that size would be shared too: there is then one set, so each call is
+    the only one between preparations."""
+    share = budget // DRAWS if drawn else budget
+    copied = sum(b for b in storage_bytes if b <= share)
+    if any(b > share for b in in_place_bytes):
+        return 1, share
+    n = set_count(set_bytes, prepared, budget, copied)
+    return (max(n, min(DRAWS, 1 + budget // max(copied, 1))) if drawn else n), share
 
 
 def calls_per_replay(sets: int, call_ms: float, prepared: bool, scale: int = 1) -> int:

@@ -12,8 +12,8 @@ from flyreg._core.launch import Launcher
 from flyreg._core.results import BenchResult
 from flyreg._core.search_terms import SearchSettings
 from flyreg._search.bench import do_bench
-from flyreg._search.steady import (InputSet, bench_steady, copy_budget, copy_inputs, free_bytes, replay_length,
-                                   set_count, storages, viewed_bytes)
+from flyreg._search.steady import (Draws, InputSet, bench_steady, copy_budget, copy_inputs, fill_from_draw, free_bytes,
+                                   plan_sets, replay_length, storages, viewed_bytes)
 
 #: ``time_one(launcher, scale)``: one candidate's timing over ``scale`` times the base work.
 TimeOne = Callable[[Launcher, int], BenchResult]
@@ -54,21 +54,24 @@ def single_call_timer(settings: SearchSettings, own: InputSet, device: Any, in_p
 
 
 def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: InputSet, device: Any,
-                 in_place: InPlace) -> TimeOne:
+                 in_place: InPlace, draws: Draws | None = None) -> TimeOne:
     """Steady-state timing (:mod:`flyreg._search.steady`) on copies of the call's inputs shared by all
-    candidates; the copies are sized on the ``launchers`` bound when the first timing starts."""
+    candidates; the copies are sized on the ``launchers`` bound when the first timing starts. With
+    ``draws``, copy ``i`` holds draw ``i``'s values where the draw is shaped like the call; a draw makes a
+    whole call at once, so there are draws only while one fits in half the free device memory."""
     args, kwargs = own.args, own.kwargs
     prepared = bool(in_place) or any(la.pre is not None for la in launchers)
-    budget = copy_budget(free_bytes(device))
-    copied = sum(b for b in storages(args, kwargs).values() if b <= budget)
-    # An in-place tensor too large to copy would be shared by every set: each call must then be
-    # the only one between preparations, so there is one set.
-    shared = any(t.untyped_storage().nbytes() > budget for t in (*in_place.restore.values(), *in_place.zero))
-    n = 1 if shared else set_count(viewed_bytes(args, kwargs), prepared, budget, copied)
+    free, viewed = free_bytes(device), viewed_bytes(args, kwargs)
+    draws = draws if viewed <= free // 2 else None
+    n, share = plan_sets(storages(args, kwargs).values(), viewed, prepared, copy_budget(free),
+                         [t.untyped_storage().nbytes() for t in (*in_place.restore.values(), *in_place.zero)],
+                         draws is not None)
     sets = [own]
     try:
-        for _ in range(n - 1):
-            sets.append(copy_inputs(args, kwargs, budget))
+        for i in range(1, n):
+            sets.append(copy_inputs(args, kwargs, share))
+            if draws is not None:
+                fill_from_draw(sets[-1], own, draws(i))
     except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
         torch.cuda.empty_cache()
 

@@ -16,8 +16,8 @@ from flyreg import Config, autotune_builder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-#: Most input sets a search rotates through (docs/autotune_guide.md).
-MAX_SETS = 64
+#: Most input sets a search rotates through, and fewest where the op draws its inputs by seed (docs/autotune_guide.md).
+MAX_SETS, DRAWS = 64, 4
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -206,3 +206,27 @@ def test_every_candidate_of_a_round_is_replayed_at_one_length() -> None:
     # sizes the replay) are checked once and captured at the first's length, though 8 times apart.
     assert calls[8] == calls[64] > 1
     assert calls[1] > calls[8]
+
+
+def test_an_op_drawn_by_seed_is_timed_over_its_draws() -> None:
+    # make_inputs takes a seed: the sets a search rotates through hold draws 0 to DRAWS - 1, not copies of one.
+    seen: list[torch.Tensor] = []
+
+    def build(config: Config, spec: dict) -> Callable[..., torch.Tensor]:
+        def recorded(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            seen.append(ids)
+            return x.clone()
+        return recorded
+
+    def make(spec: dict, device: str, seed: int = 0) -> Call:
+        g = torch.Generator(device=device).manual_seed(seed)
+        return (torch.randn(spec["n"], 64, device=device, generator=g),
+                torch.randint(0, 1 << 20, (spec["n"],), device=device, generator=g)), {}
+
+    tuner = autotune_builder("steady_draws_probe", build, lambda x, ids: {"n": int(x.shape[0])},
+                             [Config({"K": 1}), Config({"K": 2})])
+    tuner.make_inputs, tuner.seeded_inputs = make, True
+    tuner.tune(*make({"n": 256}, "cuda")[0], emit=False)
+    timed = {tuple(t.tolist()) for t in seen}
+    drawn = [tuple(make({"n": 256}, "cuda", seed)[0][1].tolist()) for seed in range(DRAWS)]
+    assert len(set(drawn)) == DRAWS and set(drawn) <= timed

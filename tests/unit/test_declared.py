@@ -117,6 +117,29 @@ def test_only_the_declared_optional_hooks_are_implemented() -> None:
     torch.testing.assert_close(full.reference((x, s), {"bias": 1.0}), x * s[:, None] + 1.0)  # the CPU fallback
 
 
+def test_a_make_inputs_that_takes_a_seed_gives_a_tuner_that_draws() -> None:
+    seeds: list[int] = []
+
+    def seeded(spec: dict[str, Any], device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        seeds.append(seed)
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(spec["M"], 4, generator=g, device=device), torch.rand(spec["M"], generator=g, device=device)
+
+    spec = {"M": 16, "dtype": "float32", "backend": "cpu"}
+    for name, make, drawn in (("drawn_rows", seeded, True),
+                              ("plain_rows", lambda spec, device: seeded(spec, device), False)):
+        flyreg.register(declared(make_inputs=make), name=name)
+        try:
+            tuner = flyreg.op(name)
+            assert tuner.seeded_inputs is drawn and tuner.make_inputs is not None
+            first, again, other = (tuner.make_inputs(spec, "cpu", seed=s)[0] for s in (0, 0, 1))
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+            assert any(not torch.equal(a, b) for a, b in zip(first, other)) is drawn  # a seed is its own draw
+        finally:
+            flyreg.unregister(name)
+    assert seeds == [0, 0, 1, 0, 0, 0]  # an op whose make_inputs takes no seed is never given one
+
+
 def test_registered_served_and_tuned_like_a_hand_written_plugin(registered: str, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "cache"))

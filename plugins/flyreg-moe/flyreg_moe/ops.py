@@ -49,8 +49,8 @@ def make_moe_inputs(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtyp
     return x.to(dtype), w1, w2, torch.softmax(top, dim=1), ids.to(torch.int32)
 
 
-def _make_inputs(spec: dict[str, Any], device: str) -> tuple[torch.Tensor, ...]:
-    return make_moe_inputs(*space.shape(spec), getattr(torch, str(spec["dtype"])), device)
+def _make_inputs(spec: dict[str, Any], device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    return make_moe_inputs(*space.shape(spec), getattr(torch, str(spec["dtype"])), device, seed)  # a routing a seed
 
 
 def _work(spec: dict[str, Any]) -> Work:

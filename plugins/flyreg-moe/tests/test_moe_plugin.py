@@ -166,6 +166,17 @@ def test_workloads_cover_the_model_shapes_on_cuda_and_small_shapes_on_the_cpu() 
     assert all(w["backend"] == "cpu" for w in ops.fused_moe.workloads("cpu"))
 
 
+def test_each_seed_draws_its_own_routing_so_a_tune_times_several() -> None:
+    from flyreg_moe import ops
+
+    spec = {"E": 8, "K": 128, "M": 32, "N": 160, "dtype": "float32", "topk": 2, "backend": "cpu"}
+    assert flyreg.op("fused_moe").seeded_inputs
+    first, again, other = (ops.fused_moe.make_inputs(spec, "cpu", seed)[0] for seed in (0, 0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # a seed is one draw
+    assert not torch.equal(first[4], other[4]) and [a.shape for a in first] == [a.shape for a in other]
+    assert first[4].min() >= 0 and first[4].max() < 8 and all(len(set(row.tolist())) == 2 for row in other[4])
+
+
 def test_torch_op_through_flyreg_torch() -> None:
     import flyreg.torch
 

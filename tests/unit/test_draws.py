@@ -1,0 +1,61 @@
+"""Draws of a call's inputs: an op whose ``make_inputs`` takes a ``seed`` has its searches timed over
+several draws (each input set another draw's values), not over copies of one call. The sets are made
+only by a search on a GPU (``tests/kernels/test_steady_gpu.py``), so these tests drive them directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from flyreg._search.steady import DRAWS, InputSet, copy_inputs, fill_from_draw, plan_sets, set_count
+
+MiB = 1 << 20
+
+
+def test_without_draws_the_sets_are_as_the_budget_and_rotation_say() -> None:
+    sizes, budget = [1 * MiB, 300 * MiB], 1024 * MiB
+    assert plan_sets(sizes, 301 * MiB, False, budget) == (set_count(301 * MiB, False, budget, 301 * MiB), budget)
+    assert plan_sets(sizes, 301 * MiB, True, budget, in_place_bytes=[2048 * MiB]) == (1, budget)
+
+
+def test_draws_share_the_large_storages_so_that_several_draws_fit() -> None:
+    # Weights of 805 and 403 MiB, activations and a routing of 1 MiB: copies of the whole call do not fit
+    # twice in the budget, so without draws a search times one set; with draws, the weights are shared
+    # and the small tensors of 4 draws rotate.
+    sizes, budget = [805 * MiB, 403 * MiB, 1 * MiB], 1024 * MiB
+    assert plan_sets(sizes, sum(sizes), False, budget) == (1, budget)
+    n, share = plan_sets(sizes, sum(sizes), False, budget, drawn=True)
+    assert (n, share) == (DRAWS, budget // DRAWS)
+    assert plan_sets([200 * MiB, 200 * MiB], 400 * MiB, False, budget, drawn=True)[0] == 3  # as many as fit
+    # an in-place storage the draws would share: one set, so each call runs alone between preparations
+    assert plan_sets(sizes, sum(sizes), True, budget, in_place_bytes=[403 * MiB], drawn=True)[0] == 1
+
+
+def _call(seed: int, n: int = 6) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.randn(64, 8, generator=g)
+    return (torch.randn(n, 8, generator=g), weights), {"ids": torch.randint(0, 64, (n,), generator=g)}
+
+
+def test_a_set_takes_the_draws_values_in_its_copies_and_keeps_what_it_shares() -> None:
+    (x, w), kw = _call(0)
+    own = InputSet((x, w), kw, {})
+    s = copy_inputs((x, w), kw, budget=x.untyped_storage().nbytes())  # the weights are shared, not copied
+    assert s.args[1] is w and s.args[0] is not x
+    drawn = _call(5)
+    assert fill_from_draw(s, own, drawn)
+    assert torch.equal(s.args[0], drawn[0][0]) and torch.equal(s.kwargs["ids"], drawn[1]["ids"])
+    assert torch.equal(s.args[1], _call(0)[0][1])  # the shared weights keep the call's values
+    assert not torch.equal(x, drawn[0][0]) and torch.equal(x, _call(0)[0][0])  # the call itself is untouched
+
+
+@pytest.mark.parametrize("other", ["rows", "count", "dtype"])
+def test_a_draw_unlike_the_call_leaves_the_set_a_copy(other: str) -> None:
+    (x, w), kw = _call(0)
+    own, s = InputSet((x, w), kw, {}), copy_inputs((x, w), kw)
+    drawn = {"rows": _call(1, n=7), "count": ((_call(1)[0][0],), {}),
+             "dtype": ((_call(1)[0][0].double(), w), kw)}[other]
+    assert not fill_from_draw(s, own, drawn)
+    assert all(torch.equal(a, b) for a, b in zip(s.args, (x, w))) and torch.equal(s.kwargs["ids"], kw["ids"])
