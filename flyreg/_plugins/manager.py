@@ -165,7 +165,7 @@ class OpPlugin:
 
     def seeded_inputs(self) -> bool:
         """Whether the op's ``make_inputs`` takes a ``seed``: its draws differ, so a search times several."""
-        return any("seed" in i.argnames for i in self.pm.hook.make_inputs.get_hookimpls())
+        return any("seed" in (*i.argnames, *i.kwargnames) for i in self.pm.hook.make_inputs.get_hookimpls())
 
     def reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._required("reference", args=args, kwargs=kwargs)

@@ -93,14 +93,19 @@ def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: di
         tuner, ck, call, _ = _op_call(op, spec, device)
         tuner.bind(Config.from_json(config), ck.spec, call.args, call.kwargs)
     except Exception as e:  # the config's failure, reported by the search
-        return None if _out_of_memory(e) else f"{type(e).__name__}: {e}"
+        if not out_of_memory(e):
+            return f"{type(e).__name__}: {e}"
+        if torch.device(device).type == "cuda":  # what the failed attempt reserved goes back
+            torch.cuda.empty_cache()
     return None
 
 
-def _out_of_memory(error: BaseException | None) -> bool:
+def out_of_memory(error: BaseException | None) -> bool:
     """Whether ``error``, or an error it was raised from (a hook's error wraps the hook's), is torch's out of memory."""
-    while error is not None:
-        if isinstance(error, torch.OutOfMemoryError):
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, torch.cuda.OutOfMemoryError):
             return True
+        seen.add(id(error))
         error = error.__cause__ or error.__context__
     return False

@@ -131,8 +131,10 @@ def tuning_peak(ident: DeviceIdentity) -> Peak:
 def machine(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> Machine:
     """What the tuning journal keys a search's measurements by, besides op, spec and timing: the device,
     and the toolchain the scratch cache's key holds (:func:`flyreg._core.toolchain.current`) with the
-    values of the op's ``key_env`` variables (``env:NAME``), which change what a config runs."""
+    values of the op's ``key_env`` variables (``env:NAME``), which change what a config runs, and ``inputs``
+    where the op draws its inputs by seed (timed over draws: never ranked with times over copies of one call)."""
     from flyreg._search.journal import Machine
 
     env = {f"env:{k}": v for k, v in env_values(tuner.key_env) if v is not None}
-    return Machine(ident.to_json(), {**current(spec, ident.arch, tuner.version), **env})
+    drawn = {"inputs": "draws"} if tuner.seeded_inputs else {}
+    return Machine(ident.to_json(), {**current(spec, ident.arch, tuner.version), **env, **drawn})

@@ -52,5 +52,6 @@ class TunerState(Protocol):
     build_cache: BuildCache
     stats: TunerStats
     reports: dict[str, TuneReport]
+    seeded_inputs: bool
 
     def bind(self, config: Config, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher: ...

@@ -127,9 +127,11 @@ def copy_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], budget: int = COP
 def fill_from_draw(s: InputSet, own: InputSet, drawn: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     """Give the copies of input set ``s`` (made of ``own``) the values of ``drawn``, another draw of the call,
     tensor for tensor; a tensor ``s`` shares with ``own`` keeps its values. False, and ``s`` unchanged,
-    where the draw's tensors are not those of the call (count, shapes, dtypes)."""
-    mine, theirs = _distinct_tensors((own.args, own.kwargs)), _distinct_tensors(drawn)
-    if len(mine) != len(theirs) or any((a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(mine, theirs)):
+    where the draw is not laid out as the call (positional count, keyword names in order, then each
+    tensor's shape and dtype): tensors pair by their place in the call."""
+    (args, kwargs), mine, theirs = drawn, _distinct_tensors((own.args, own.kwargs)), _distinct_tensors(drawn)
+    if (len(args), list(kwargs)) != (len(own.args), list(own.kwargs)) or len(mine) != len(theirs) \
+            or any((a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(mine, theirs)):
         return False
     for original, value in zip(mine, theirs):
         copy = s.copies.get(id(original))

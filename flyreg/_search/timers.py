@@ -53,16 +53,27 @@ def single_call_timer(settings: SearchSettings, own: InputSet, device: Any, in_p
     return time_one
 
 
+def _filled(s: InputSet, own: InputSet, draws: Draws, seed: int) -> bool:
+    """Whether set ``s`` now holds draw ``seed``'s values: False where the draw failed (its error is the
+    op's ``make_inputs``', not the candidate's) or is not shaped like the call."""
+    try:
+        return fill_from_draw(s, own, draws(seed))
+    except Exception:
+        return False
+
+
 def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: InputSet, device: Any,
                  in_place: InPlace, draws: Draws | None = None) -> TimeOne:
     """Steady-state timing (:mod:`flyreg._search.steady`) on copies of the call's inputs shared by all
     candidates; the copies are sized on the ``launchers`` bound when the first timing starts. With
-    ``draws``, copy ``i`` holds draw ``i``'s values where the draw is shaped like the call; a draw makes a
-    whole call at once, so there are draws only while one fits in half the free device memory."""
+    ``draws``, copy ``i`` holds draw ``i``'s values while the draws are shaped like the call (the first that is
+    not, or that fails, ends them: the rest stay copies). A draw makes a whole call at once, so there are draws
+    only while one fits in half the free device memory, and none for a call with values to restore (a set
+    would mix the call's restored tensors with a draw's others)."""
     args, kwargs = own.args, own.kwargs
     prepared = bool(in_place) or any(la.pre is not None for la in launchers)
     free, viewed = free_bytes(device), viewed_bytes(args, kwargs)
-    draws = draws if viewed <= free // 2 else None
+    draws = draws if viewed <= free // 2 and not in_place.restore else None
     n, share = plan_sets(storages(args, kwargs).values(), viewed, prepared, copy_budget(free),
                          [t.untyped_storage().nbytes() for t in (*in_place.restore.values(), *in_place.zero)],
                          draws is not None)
@@ -70,10 +81,10 @@ def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: Input
     try:
         for i in range(1, n):
             sets.append(copy_inputs(args, kwargs, share))
-            if draws is not None:
-                fill_from_draw(sets[-1], own, draws(i))
+            draws = draws if draws is not None and _filled(sets[-1], own, draws, i) else None
     except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
-        torch.cuda.empty_cache()
+        pass
+    torch.cuda.empty_cache()  # what the copies and draws left reserved goes back
 
     # scale -> calls of an unprepared replay at scale 1, sized on the first candidate timed at that
     # scale and kept for the others: the first round's first candidate, the final round's fastest.

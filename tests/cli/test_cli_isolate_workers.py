@@ -68,7 +68,7 @@ def make_inputs(spec, device):
         made = os.path.exists(full)
         open(full, "a").close()
         if made:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     return (torch.randn(spec["n"], device=device),), {}
 
 

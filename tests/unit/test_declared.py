@@ -3,6 +3,8 @@ device, and the registry serves and tunes it like a hand-written plugin."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -117,7 +119,9 @@ def test_only_the_declared_optional_hooks_are_implemented() -> None:
     torch.testing.assert_close(full.reference((x, s), {"bias": 1.0}), x * s[:, None] + 1.0)  # the CPU fallback
 
 
-def test_a_make_inputs_that_takes_a_seed_gives_a_tuner_that_draws() -> None:
+def test_a_make_inputs_that_takes_a_seed_gives_a_tuner_that_draws(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path / "cache"))
     seeds: list[int] = []
 
     def seeded(spec: dict[str, Any], device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,9 +139,15 @@ def test_a_make_inputs_that_takes_a_seed_gives_a_tuner_that_draws() -> None:
             first, again, other = (tuner.make_inputs(spec, "cpu", seed=s)[0] for s in (0, 0, 1))
             assert all(torch.equal(a, b) for a, b in zip(first, again))
             assert any(not torch.equal(a, b) for a, b in zip(first, other)) is drawn  # a seed is its own draw
+            tuner.tune(*first, emit=False)
         finally:
             flyreg.unregister(name)
     assert seeds == [0, 0, 1, 0, 0, 0]  # an op whose make_inputs takes no seed is never given one
+    # The journal keeps times over draws apart from times over copies of one call: never ranked together.
+    with sqlite3.connect(tmp_path / "cache" / "flyreg-journal.sqlite3") as db:
+        rows = db.execute("SELECT op, toolchain FROM measurements").fetchall()
+    inputs = {op: json.loads(toolchain).get("inputs") for op, toolchain in rows}
+    assert inputs == {"drawn_rows": "draws", "plain_rows": None}
 
 
 def test_registered_served_and_tuned_like_a_hand_written_plugin(registered: str, tmp_path: Path,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flyreg._search.steady import DRAWS, InputSet, copy_inputs, fill_from_draw, plan_sets, set_count
+from flyreg._search.timers import _filled
 
 MiB = 1 << 20
 
@@ -51,11 +52,25 @@ def test_a_set_takes_the_draws_values_in_its_copies_and_keeps_what_it_shares() -
     assert not torch.equal(x, drawn[0][0]) and torch.equal(x, _call(0)[0][0])  # the call itself is untouched
 
 
-@pytest.mark.parametrize("other", ["rows", "count", "dtype"])
+@pytest.mark.parametrize("other", ["rows", "count", "dtype", "keyword", "positional"])
 def test_a_draw_unlike_the_call_leaves_the_set_a_copy(other: str) -> None:
     (x, w), kw = _call(0)
     own, s = InputSet((x, w), kw, {}), copy_inputs((x, w), kw)
-    drawn = {"rows": _call(1, n=7), "count": ((_call(1)[0][0],), {}),
-             "dtype": ((_call(1)[0][0].double(), w), kw)}[other]
+    (x1, w1), kw1 = _call(1)
+    drawn = {"rows": _call(1, n=7), "count": ((x1,), {}), "dtype": ((x1.double(), w1), kw1),
+             "keyword": ((x1, w1), {"idx": kw1["ids"]}),  # the same tensors, another name: no pairing by order
+             "positional": ((x1, w1, kw1["ids"]), {})}[other]
     assert not fill_from_draw(s, own, drawn)
     assert all(torch.equal(a, b) for a, b in zip(s.args, (x, w))) and torch.equal(s.kwargs["ids"], kw["ids"])
+
+
+def test_a_draw_that_fails_leaves_its_set_a_copy_and_ends_the_draws() -> None:
+    (x, w), kw = _call(0)
+    own, s = InputSet((x, w), kw, {}), copy_inputs((x, w), kw)
+
+    def failing(seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        raise RuntimeError("make_inputs could not draw")
+
+    assert not _filled(s, own, failing, 1)
+    assert torch.equal(s.args[0], x) and torch.equal(s.kwargs["ids"], kw["ids"])
+    assert _filled(s, own, _call, 3) and torch.equal(s.args[0], _call(3)[0][0])
