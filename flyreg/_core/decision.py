@@ -41,6 +41,8 @@ SHORT: dict[str, str] = {
     "no-default": "fastest; default not timed",
 }
 
+#: What a timing's calls ran on: copies of one call, or draws of its spec (an op whose ``make_inputs`` takes a seed).
+INPUTS = ("copies", "draws")
 #: Timing method -> (how calls are launched, whether the L2 holds their inputs).
 TIMING_MODES: dict[str, tuple[str, str]] = {
     "cpu": ("eager", "warm"),
@@ -100,19 +102,21 @@ class Band:
 
 @attrs.frozen
 class Timing:
-    """How the compared times were taken: the search's timing method, eager or CUDA-graph launches, L2 cold or warm."""
+    """How the compared times were taken: the search's timing method, eager or CUDA-graph launches, L2 cold or
+    warm, and ``inputs``: copies of one call, or draws of its spec (:data:`INPUTS`)."""
 
     mode: str
     launch: str
     l2: str
+    inputs: str = "copies"
 
     @classmethod
-    def of(cls, mode: str) -> Timing:
+    def of(cls, mode: str, inputs: str = "copies") -> Timing:
         launch, l2 = TIMING_MODES[mode]
-        return cls(mode, launch, l2)
+        return cls(mode, launch, l2, inputs)
 
     def __str__(self) -> str:
-        return f"{self.launch}, L2 {self.l2} ({self.mode})"
+        return f"{self.launch}, L2 {self.l2} ({self.mode}{', over draws' if self.inputs == 'draws' else ''})"
 
 
 def peak_json(peak: Peak | None) -> dict[str, Any] | None:
@@ -182,6 +186,7 @@ class Decision:
             rule = _text(d, "rule", RULES)
             timing = _object(d.get("timing"), "'timing'")
             mode = _text(timing, "mode", TIMING_MODES)
+            inputs = _text(timing, "inputs", INPUTS) if "inputs" in timing else "copies"  # older artifacts: copies
             fastest = fastest_band = None
             if d.get("fastest") is not None:
                 fastest = Config.from_json(_object(d["fastest"], "'fastest'").get("config"))
@@ -190,6 +195,6 @@ class Decision:
             tie_band = _number(d, "tie_band")
             assert tie_band is not None
             return cls(rule, Band.from_json(d.get("winner"), "'winner'"), default, fastest, fastest_band, tie_band,
-                       Timing.of(mode), peak_from_json(d.get("peak")))
+                       Timing.of(mode, inputs), peak_from_json(d.get("peak")))
         except (TypeError, ValueError, RecursionError) as e:
             raise ValueError(f"decision: {e}") from None

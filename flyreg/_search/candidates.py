@@ -92,6 +92,7 @@ class Evaluator:
                  machine: journal.Machine | None) -> None:
         self.settings, self.spec, self.device, self.stats, self.machine = settings, spec, device, stats, machine
         self.mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
+        self._drawn = machine is not None and machine.toolchain.get("inputs") == "draws"  # the op draws by seed
         self.timed: dict[Config, BenchResult] = {}
         self.failed: list[tuple[Config, str]] = []
         self.rejected: list[tuple[Config, str]] = []
@@ -264,6 +265,12 @@ class Evaluator:
 
     def _warm(self, ready: list[tuple[Config, Any]]) -> None:
         """Right before a batch is timed."""
+
+    @property
+    def inputs(self) -> str:
+        """What the times run on: draws of the spec where the op draws by seed and the timing is steady, else
+        copies of the call (:data:`flyreg._core.decision.INPUTS`)."""
+        return "draws" if self._drawn and self.mode == "steady" else "copies"
 
     def _fall_back(self, e: CaptureError) -> None:
         op, spec = self.settings.op, self.spec

@@ -32,7 +32,7 @@ def _plain(config: Config) -> Config:
 
 
 def decide(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_band: float,
-           mode: str) -> tuple[Config, BenchResult, Decision]:
+           mode: str, inputs: str = "copies") -> tuple[Config, BenchResult, Decision]:
     """The winner of ``timed`` (not empty), its result, and why.
 
     The fastest by median (:func:`knob_order` among equal medians) wins, unless the default is
@@ -40,12 +40,12 @@ def decide(timed: list[tuple[Config, BenchResult]], default: Config | None, tie_
     cannot tell them apart (launch-bound kernels, a few microseconds, where host and clock jitter
     exceed the differences between configs), and the default stays. Among the configs within
     ``tie_band`` of the fastest, the first in :func:`knob_order` wins. ``mode`` is the timing
-    method the times were taken with.
+    method the times were taken with, ``inputs`` what they ran on (:data:`~flyreg._core.decision.INPUTS`).
     """
     fastest, best = min(timed, key=lambda t: (t[1].median, knob_order(t[0])))
     results = dict(timed)
     dflt = results.get(default) if default is not None else None
-    timing = Timing.of(mode)
+    timing = Timing.of(mode, inputs)
 
     def decision(rule: str, winner: BenchResult, other: Config | None) -> Decision:
         return Decision(rule, band(winner), band(dflt) if dflt is not None else None,

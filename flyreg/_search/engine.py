@@ -96,7 +96,7 @@ def run_strategy(evaluate: Evaluator, settings: SearchSettings, spec: dict[str, 
                         tuple(rejected))
     # After a final round only its times rank: a config outside it kept a shorter, noisier time.
     winner, result, decision = decide([t for t in timed if t[0] in final] if final else timed, default,
-                                      settings.tie_band, evaluate.mode)
+                                      settings.tie_band, evaluate.mode, evaluate.inputs)
     default_ms = next((r.median for c, r in timed if c == default), None)
     return TuneReport(op, spec, winner, result.median, default_ms, tuple(timed), tuple(failed), tuple(rejected),
                       reused=evaluate.reused, decision=decision)

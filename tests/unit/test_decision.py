@@ -109,7 +109,7 @@ def test_the_artifact_and_the_cache_entry_record_the_decision(tmp_path: Path) ->
                                 "p80_ms": pytest.approx(1.02 * 1.05)}
     assert stored["default"] == stored["winner"] and stored["fastest"]["median_ms"] == pytest.approx(1.0)
     assert Config.from_json(stored["fastest"]["config"]) == Config({"CHUNK": 8})
-    assert stored["timing"] == {"mode": "cpu", "launch": "eager", "l2": "warm"}
+    assert stored["timing"] == {"mode": "cpu", "launch": "eager", "l2": "warm", "inputs": "copies"}
     peak = stored["peak"]  # no CPU has a datasheet peak: the copy bandwidth measured when it was tuned
     assert peak["how"].startswith("measured: copy bandwidth") and peak["bandwidth"] > 0 and peak["flops"] is None
     assert check_artifacts([tmp_path], {report.op: "0"}) == []
@@ -125,6 +125,17 @@ def test_artifacts_with_and_without_a_decision_are_both_served_and_checked(tmp_p
     old.write_text(json.dumps(data))
     (problem,) = check_artifacts([tmp_path], {tuner.name: "0"})
     assert problem.severity == "error" and "decision" in problem.message and "rule" in problem.message
+
+
+def test_what_the_times_ran_on_is_recorded_and_read_back() -> None:
+    report = tuned_with(make_with_default("inputs"), chunk_times({4: 2.0, 8: 1.0, 16: 1.5, 32: 1.02}), spread=0.1)
+    stored, Decision = report.decision.to_json(), type(report.decision)
+    drawn = {**stored, "timing": {**stored["timing"], "inputs": "draws"}}
+    assert Decision.from_json(drawn).timing.inputs == "draws" and "over draws" in str(Decision.from_json(drawn).timing)
+    older = {**stored, "timing": {k: v for k, v in stored["timing"].items() if k != "inputs"}}
+    assert Decision.from_json(older).timing.inputs == "copies"  # written before draws existed: copies of one call
+    with pytest.raises(ValueError, match="inputs"):
+        Decision.from_json({**stored, "timing": {**stored["timing"], "inputs": "some"}})
 
 
 def test_an_old_artifact_is_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
