@@ -39,8 +39,7 @@ def _op_call(op: str, spec: dict[str, JSONScalar], device: str) -> tuple[Autotun
         _made.clear()
         tuner = registry.REGISTRY.tuner(op)
         args, kwargs = registry.REGISTRY.plugin(op).make_inputs(dict(spec), device)
-        if torch.device(device).type == "cuda":  # hand back the last spec's inputs and make_inputs' temporaries
-            torch.cuda.empty_cache()
+        _hand_back(device)  # the last spec's inputs and make_inputs' temporaries
         ck, call = call_of(tuner, args, kwargs)
         _made[key] = (tuner, ck, call, tuned_spec(op, args, kwargs, device))
     return _made[key]
@@ -95,9 +94,14 @@ def compile_config(op: str, spec: dict[str, JSONScalar], device: str, config: di
     except Exception as e:  # the config's failure, reported by the search
         if not out_of_memory(e):
             return f"{type(e).__name__}: {e}"
-        if torch.device(device).type == "cuda":  # what the failed attempt reserved goes back
-            torch.cuda.empty_cache()
+        _hand_back(device)  # what the failed attempt reserved
     return None
+
+
+def _hand_back(device: str) -> None:
+    """Return the device memory this process's allocator holds unused (the pool's processes share one GPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def out_of_memory(error: BaseException | None) -> bool:

@@ -328,13 +328,8 @@ def call_of(tuner: Autotuner, args: tuple[Any, ...], kwargs: dict[str, Any],
     call a search runs on, with the op's other draws of its spec where ``make_inputs`` takes a seed."""
     ck = ck if ck is not None else tuner._call_key(args, kwargs)
     make = tuner.make_inputs if tuner.seeded_inputs else None
-    draws = None if make is None else functools.partial(_draw, make, dict(ck.spec), str(ck.device))
+    draws = None if make is None else functools.partial(make, dict(ck.spec), str(ck.device))  # draws(seed)
     return ck, Call(args, kwargs, ck.named, ck.device, draws)
-
-
-def _draw(make: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]], spec: dict[str, JSONScalar], device: str,
-          seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    return make(dict(spec), device, seed=seed)
 
 
 def _refuse_grad(op: str, names: list[str]) -> None:
