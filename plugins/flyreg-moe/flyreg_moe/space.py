@@ -5,7 +5,8 @@ step), ``GROUP_M`` (row tiles a group of programs walks per column tile), ``SPLI
 N is split), the hints ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read
 through tensor descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >>
 TAILS`` rows, its last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside
-GEMM 1's 128 where :func:`wide_down_fits`) and ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows).
+GEMM 1's 128 where :func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and
+``GEMV=True`` (its tiles as float32 products, up to :data:`GEMV_ROWS` rows).
 CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`)."""
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ DECODE_ROWS = 64
 DECODE_DEFAULT_ROWS = 32
 #: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)
+#: Rows up to which the decode path is offered as a GEMV (``GEMV=True``: float32 products summed, no 16-row
+#: tl.dot tile), its columns a program, its depths a step, and the most products a thread holds per accumulator.
+GEMV_ROWS, GEMV_NS, GEMV_KS, GEMV_PER_THREAD = 8, (2, 4, 8, 16), (256, 512, 1024), 32
+#: Rows up to which the default takes the GEMV.
+GEMV_DEFAULT_ROWS = 2
 #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -128,13 +134,32 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
                     "DECODE": True}, num_warps=warps, num_stages=stages)
             for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES)
             if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4, _smem(bm, bk, bnd, stages) + bm * bnd * 4)
-            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
+            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)] + gemv_configs(spec)
+
+
+def gemv_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Decode-path GEMV configs for ``spec`` (none above :data:`GEMV_ROWS` rows): every token in one tile of
+    ``next_pow2(M)`` rows, GEMM 1 and GEMM 2 columns and depths whose products fit :data:`GEMV_PER_THREAD` a
+    thread (GEMM 2 steps at most ``next_pow2(N)`` deep)."""
+    M, _, N, _, _ = shape(spec)
+    if M > GEMV_ROWS:
+        return []
+    bm = next_pow2(M)
+    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
+                    "DECODE": True, "GEMV": True}, num_warps=warps, num_stages=1)
+            for bn, bnd, bk, warps in itertools.product(GEMV_NS, GEMV_NS, GEMV_KS, WARPS)
+            if bm * max(bn * bk, bnd * min(bk, next_pow2(N))) <= GEMV_PER_THREAD * 32 * warps]
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
-    """The decode path's no-search config (GEMM 1 / GEMM 2 columns / depth, 4 warps): 32/64/128 and 5 stages or as
-    many as fit; above 16 rows 64/32/128 and 4 stages (the menu's best there)."""
-    tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
+    """The decode path's no-search config (GEMM 1 / GEMM 2 columns / depth, 4 warps): up to
+    :data:`GEMV_DEFAULT_ROWS` rows the GEMV 4/4 columns, as deep as fits (1024 at one row); else 32/64/128 and 5
+    stages or as many as fit; above 16 rows 64/32/128 and 4 stages (the menu's best there)."""
+    M = shape(spec)[0]
+    if M <= GEMV_DEFAULT_ROWS:
+        return max((c for c in gemv_configs(spec) if c.hints["num_warps"] == 4
+                    and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"]) == (4, 4)), key=lambda c: c.kwargs["BLOCK_K"])
+    tile, stages = ((64, 32, 128), 4) if M > 16 else ((32, 64, 128), 5)
     return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
                 and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile),
                key=lambda c: c.hints["num_stages"])
