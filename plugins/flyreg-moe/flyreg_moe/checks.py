@@ -1,7 +1,6 @@
-"""Checks of a ``fused_moe(x, w1, w2, topk_weights, topk_ids)`` call and of its Triton knobs: x [M, K] (unit
-column stride), w1 [E, 2N, K] and w2 [E, K, N] of x's dtype (bfloat16 or float16), topk_weights [M, topk] float32
-and topk_ids [M, topk] int32 or int64, all on x's device, all but x contiguous. Each failure is a ValueError or
-TypeError naming the argument."""
+"""Checks of a ``fused_moe(x, w1, w2, topk_weights, topk_ids)`` call and its Triton knobs: x [M, K] (unit column
+stride), w1 [E, 2N, K] and w2 [E, K, N] of x's dtype (bfloat16 or float16), topk_weights [M, topk] float32, topk_ids
+[M, topk] int32 or int64, all on x's device, all but x contiguous. Errors (ValueError, TypeError) name the argument."""
 
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ from typing import NamedTuple, cast
 
 import torch
 
-#: The setting that turns on checking the ids' values on every call (see :func:`check_ids_every_call`).
-CHECK_IDS_ENV = "FLYREG_MOE_CHECK_IDS"
-#: A bound launcher: ``run(x, w1, w2, topk_weights, topk_ids) -> out``.
-Launch = Callable[..., torch.Tensor]
+CHECK_IDS_ENV = "FLYREG_MOE_CHECK_IDS"  #: Turns on checking the ids on every call (:func:`check_ids_every_call`).
+Launch = Callable[..., torch.Tensor]  #: A bound launcher: ``run(x, w1, w2, topk_weights, topk_ids) -> out``.
 #: Each argument's layout, as an error names it.
 LAYOUTS = {"x": "[M, K]", "w1": "[E, 2N, K]", "w2": "[E, K, N]", "topk_weights": "[M, topk]", "topk_ids": "[M, topk]"}
 #: Validated shape facts of a ``fused_moe`` call.
@@ -43,8 +40,7 @@ def check_moe(x: object, w1: object, w2: object, topk_weights: object, topk_ids:
             raise ValueError(f"fused_moe: {name} must be on x's device {x.device}, got {t.device}")
         if t.dim() != (dims := LAYOUTS[name].count(",") + 1):
             raise ValueError(f"fused_moe: {name} must be {dims}-D {LAYOUTS[name]}, got shape {tuple(t.shape)}")
-    M, K = x.shape
-    E, two_n, k1 = w1.shape
+    (M, K), (E, two_n, k1) = x.shape, w1.shape
     N = two_n // 2
     if K == 0:
         raise ValueError(f"fused_moe: x must have K >= 1 columns, got shape {tuple(x.shape)}")
@@ -72,8 +68,7 @@ def _int(value: object) -> bool:
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
                 TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False, GEMV: bool = False) -> None:
-    """ValueError naming the first knob that breaks its rule below (16: tl.dot's least tile, any power of two for
-    a GEMV's rows and columns; None: BLOCK_N)."""
+    """ValueError naming the first knob that breaks its rule (16: tl.dot's least tile, not a GEMV's; None: BLOCK_N)."""
     tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
     any_tile = ("a power of two", lambda v: _int(v) and v >= 1 and not v & (v - 1)) if GEMV is True else tile
     count, flag = ("an int >= 1", lambda v: _int(v) and v >= 1), ("a bool", lambda v: isinstance(v, bool))
@@ -86,9 +81,7 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
             raise ValueError(f"fused_moe: {name} must be {what}, got {value!r}")
     if GEMV and not DECODE:
         raise ValueError("fused_moe: GEMV=True is a decode-path knob and needs DECODE=True")
-    if GEMV:
-        return
-    if not _int(TAILS) or TAILS not in (0, 1, 2) or BLOCK_M >> TAILS < 16:
+    if not _int(TAILS) or TAILS not in (0, 1, 2) or (BLOCK_M >> TAILS < 16 and not GEMV):
         raise ValueError("fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, "
                          f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")
 
@@ -104,9 +97,8 @@ def check_ids(topk_ids: torch.Tensor, E: int) -> None:
 
 
 def check_ids_every_call() -> bool:
-    """Whether :data:`CHECK_IDS_ENV` (``1``, ``true``, ``on`` or ``yes``; read when a signature is bound) asks for
-    the ids' values to be checked on every call; any value but those, ``0``, ``false``, ``off``, ``no`` and empty
-    is off, with one warning."""
+    """Whether :data:`CHECK_IDS_ENV` (read when a signature is bound) is ``1``, ``true``, ``on`` or ``yes``, to check
+    the ids on every call; other values are off, all but ``0``, ``false``, ``off``, ``no`` and empty with a warning."""
     return _check_ids_setting(os.environ.get(CHECK_IDS_ENV, "").strip().lower())
 
 

@@ -1,17 +1,14 @@
 """The decode path of the fused MoE (knob ``DECODE``): two launches, no routing, each selected expert's weights
 read once per token tile. The rows of a tile are the tokens themselves (M up to ``BLOCK_M``), not sorted pairs.
 
-GEMM 1 (:func:`_decode_gate_up_kernel`), a program per (selected expert, column tile, token tile): every program
-finds the selected experts from the ids (a presence vector, in expert order) and takes the one its first grid
-index ranks; it stores ``h = topk_weight * silu(x @ gate) * (x @ up)`` for the tokens that chose the expert, at the
-row of their first pair with it (a token that names one expert twice has its weights summed there). Program 0
-also writes the list of selected experts and zeroes GEMM 2's arrival counters.
-
-GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile, selected expert, token tile): it stores
-its float32 product at the rows of the pairs that chose its expert, then counts itself in on its (column tile,
-token tile); the last to arrive sums each token's pairs in top-k order (a fixed order, whichever program comes
-last) and writes ``out``. A pair whose expert is outside [0, E) is never computed and adds nothing.
-"""
+GEMM 1 (:func:`_decode_gate_up_kernel`), a program per (selected expert, column tile, token tile): each finds the
+selected experts from the ids (a presence vector, in expert order) and takes the one its first grid index ranks; it
+stores ``h = topk_weight * silu(x @ gate) * (x @ up)`` for the tokens that chose the expert, at the row of their first
+pair with it (a token naming one expert twice has its weights summed). Program 0 also writes the list of selected
+experts and zeroes GEMM 2's arrival counters. GEMM 2 (:func:`_decode_down_kernel`), a program per (output column tile,
+selected expert, token tile): it stores its float32 product at the rows of its expert's pairs, then counts itself in on
+its (column tile, token tile); the last to arrive sums each token's pairs in top-k order (a fixed order, whichever
+program comes last) and writes ``out``. A pair whose expert is outside [0, E) is never computed and adds nothing."""
 
 from __future__ import annotations
 
@@ -48,41 +45,52 @@ def _token_pairs(ids, j, m, e, topk, TOPK_P2: tl.constexpr):
 def _weight_tile(W, rows, ks, stride, GEMV: tl.constexpr):
     # Pointers to a weight tile of output columns ``rows`` (each ``stride`` apart) and depths ks: [BLOCK_K,
     # columns] for tl.dot, [columns, BLOCK_K] for the GEMV (each thread's loads run along K).
+    # (Each helper here assigns in both branches of a constexpr if: Triton merges early returns' types.)
     if GEMV:
-        return W + (rows.to(tl.int64) * stride)[:, None] + ks[None, :]
-    return W + (rows.to(tl.int64) * stride)[None, :] + ks[:, None]
+        ptr = W + (rows.to(tl.int64) * stride)[:, None] + ks[None, :]
+    else:
+        ptr = W + (rows.to(tl.int64) * stride)[None, :] + ks[:, None]
+    return ptr
 
 
 @triton.jit
 def _depth_mask(k_ok, GEMV: tl.constexpr):
     # The mask of a weight tile's depths in range (its layout as :func:`_weight_tile`).
     if GEMV:
-        return k_ok[None, :]
-    return k_ok[:, None]
+        mask = k_ok[None, :]
+    else:
+        mask = k_ok[:, None]
+    return mask
 
 
 @triton.jit
 def _zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GEMV: tl.constexpr):
     # An accumulator: [rows, columns] for tl.dot; [rows, columns, depth] products for the GEMV, summed at the end.
     if GEMV:
-        return tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    return tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
 
 
 @triton.jit
 def _step(a, w, acc, UPCAST: tl.constexpr, GEMV: tl.constexpr):
     # acc plus a [rows, depth] times a weight tile: tl.dot, or the GEMV's float32 products (no 16-row tile).
     if GEMV:
-        return acc + a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    return _mma(a, w, acc, UPCAST)
+        out = acc + a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    else:
+        out = _mma(a, w, acc, UPCAST)
+    return out
 
 
 @triton.jit
 def _total(acc, GEMV: tl.constexpr):
     # The [rows, columns] product an accumulator holds.
     if GEMV:
-        return tl.sum(acc, axis=2)
-    return acc
+        total = tl.sum(acc, axis=2)
+    else:
+        total = acc
+    return total
 
 
 @triton.jit(do_not_specialize=["M", "P", "E", "topk", "n_counts"])
@@ -197,8 +205,7 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
 
 def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
                BLOCK_N_DOWN: int, upcast: bool, pdl: bool, gemv: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The constexprs of GEMM 1's and GEMM 2's launches for these sizes and knobs (what makes each binary); a GEMV's
-    GEMM 2 steps at most N deep (``next_pow2(N)``)."""
+    """GEMM 1 and 2 constexprs (what makes each binary); a GEMV's GEMM 2 steps at most ``next_pow2(N)`` deep."""
     n_counts, topk_p2 = triton.cdiv(K, BLOCK_N_DOWN) * triton.cdiv(M, BLOCK_M), next_pow2(topk)
     down_k = min(BLOCK_K, next_pow2(N)) if gemv else BLOCK_K
     return ({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": max(16, next_pow2(E)),
@@ -211,9 +218,8 @@ def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N:
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
                 num_warps: int | None, num_stages: int | None, pdl: bool, gemv: bool = False) -> Launch:
-    """The launcher of decode-path calls shaped like this one (``shape``, checked by the caller), compiled here:
-    ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, two launches (programmatic dependents where
-    ``pdl``), tiles multiplied by tl.dot or, where ``gemv``, as float32 products summed (any BLOCK_M)."""
+    """Decode-path launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for ``shape`` (checked by the
+    caller), compiled here: two launches, dependents where ``pdl``, tiles by tl.dot or (``gemv``) float32 products."""
     (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
     P, slots, token_tiles, col_tiles = M * topk, min(M * topk, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
     up_consts, down_consts = constexprs(M, K, N, E, topk, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_N_DOWN,

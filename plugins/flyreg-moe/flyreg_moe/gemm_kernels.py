@@ -8,8 +8,7 @@ GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1
 ``SPLIT_K`` ways (a second grid axis) into float32 partials. :func:`_reduce_kernel`: ``out[m] = sum_j sum_s
 y_s[m * topk + j]`` over the routed pairs. With ``TMA``, ``W1`` (``W2``) is a tensor descriptor over w1 as
 [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K] blocks, zero-filled past the reduction's end. GROUP_M
-and SPLIT_K are runtime arguments, so configs that differ only in them share one binary.
-"""
+and SPLIT_K are runtime arguments, so configs that differ only in them share one binary."""
 
 from __future__ import annotations
 

@@ -54,9 +54,8 @@ def _make_inputs(spec: dict[str, Any], device: str, seed: int = 0) -> tuple[torc
 
 
 def _work(spec: dict[str, Any]) -> Work:
-    # 2 * 2N * K flops a pair in GEMM 1 (gate and up) and 2 * N * K in GEMM 2, for M * topk pairs.
     M, _, N, K, topk = space.shape(spec)
-    return Work(flops=6 * M * topk * N * K)
+    return Work(flops=6 * M * topk * N * K)  # a pair: 2 * 2N * K flops in GEMM 1 (gate and up), 2 * N * K in GEMM 2
 
 
 fused_moe = declare(

@@ -1,15 +1,13 @@
 """Triton routing kernels: the token-expert pairs sorted by expert, each expert's run padded to the row tile.
 
-Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The routing writes ``sorted_ids``
-(pair indices grouped by expert, in pair order, each expert's run padded with the sentinel ``P`` to a multiple of
-``BLOCK_M``), ``block_expert`` (each row tile's expert) and ``used`` (row tiles at or past it have no work). With
-``TAILS`` > 0 runs are padded to ``BLOCK_M >> TAILS`` rows and cut into tiles of ``BLOCK_M``, each expert's last
-tile holding what is left, listed in the tile table [tiles in use, each tile's first slot, each tile's slots].
-Three launches: per-chunk expert counts (and the sentinel fill), one program turning counts into offsets and tile
-experts, and the scatter. A pair whose expert is outside [0, E) is routed nowhere: no GEMM computes it, and the
-top-k reduction adds nothing for it. :class:`RoutingPlan` sizes a call signature's routing from the shapes alone
-(so the GEMMs' grids depend on them alone), lays out its int32 workspace and binds the launches once.
-"""
+Pair ``p = m * topk + j`` routes token ``m`` to expert ``topk_ids[m, j]``. The routing writes ``sorted_ids`` (pair
+indices grouped by expert, in pair order, each expert's run padded with the sentinel ``P`` to a multiple of
+``BLOCK_M``), ``block_expert`` (each row tile's expert) and ``used`` (row tiles from it on have no work). With
+``TAILS`` > 0 runs are padded to ``BLOCK_M >> TAILS`` rows and cut into tiles of ``BLOCK_M``, each expert's last holding
+what is left, in the tile table [tiles in use, each tile's first slot, each tile's slots]. Three launches: per-chunk
+expert counts (and the sentinel fill), one program's offsets and tile experts, and the scatter. A pair whose expert is
+outside [0, E) is routed nowhere: no GEMM or reduction counts it. :class:`RoutingPlan` sizes a call signature's routing
+from the shapes alone (so are the GEMMs' grids), lays out its int32 workspace and binds its launches."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ from flyreg.triton import compiled_launcher, dependent_start, hints
 
 from .space import next_pow2
 
-#: Elements of a chunk's one-hot tile (CHUNK pairs x next_pow2(E) experts).
-ONE_HOT_ELEMS = 16384
+ONE_HOT_ELEMS = 16384  #: Elements of a chunk's one-hot tile (CHUNK pairs x next_pow2(E) experts).
 #: Rows of chunk counts the offsets program reads at once, row tiles it labels at once and it writes the tile table
 #: for at once (three [tiles, experts] selections a step, not one), and sentinel slots a count program fills a step.
 SCAN_ROWS, LABEL_TILES, TABLE_TILES, FILL_BLOCK = 64, 256, 32, 1024
@@ -89,8 +86,7 @@ class RoutingPlan:
 
         counted, offset, scattered = launch_args(ids, views)
         chunk = {"CHUNK": chunk_size(E), "E_P2": self.e_p2, "PDL": pdl}
-        count = compiled_launcher(_count_kernel, (chunks,), counted, {**chunk, "FILL": FILL_BLOCK}, launch_hints,
-                                  device)
+        count = compiled_launcher(_count_kernel, (chunks,), counted, chunk | {"FILL": FILL_BLOCK}, launch_hints, device)
         offsets = compiled_launcher(_offsets_kernel, (1,), offset,
                                     {"E_P2": self.e_p2, "SCAN": SCAN_ROWS, "LABEL": LABEL_TILES, "PDL": pdl,
                                      "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, launch_hints, device)

@@ -1,13 +1,12 @@
 """Config spaces and no-search defaults of the fused MoE, for a spec ``{"E", "N", "K", "topk", "M": m_bucket(rows),
-"dtype", "backend"}``. Triton knobs: ``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N``
-(output columns of a tile: GEMM 1 computes as many gate and as many up columns), ``BLOCK_K`` (reduction depth a
-step), ``GROUP_M`` (row tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over
-N is split), the hints ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read
-through tensor descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >>
-TAILS`` rows, its last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside
-GEMM 1's 128 where :func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and
-``GEMV=True`` (its tiles as float32 products, up to :data:`GEMV_ROWS` rows).
-CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`)."""
+"dtype", "backend"}``. Triton knobs: ``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output
+columns of a tile, in GEMM 1 as many gate and as many up), ``BLOCK_K`` (reduction depth a step), ``GROUP_M`` (row
+tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split), the hints
+``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
+descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
+last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
+:func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and ``GEMV=True`` (its
+tiles as float32 products, up to :data:`GEMV_ROWS` rows). CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`)."""
 
 from __future__ import annotations
 
@@ -26,34 +25,25 @@ GROUP_MS, SPLIT_KS, WARPS, STAGES = (1, 4, 8, 16, 32), (1, 2, 4, 8), (4, 8), (2,
 #: Halvings of BLOCK_M an expert's last row tile may take (0: none), and GEMM 2's columns beside GEMM 1's 128.
 TAILS, WIDE_DOWN = (0, 1, 2), 256
 
-#: Shared memory a program may use on the H200 (227 KiB a block), less room for the epilogue.
-SMEM_BYTES = 227 * 1024 - 8 * 1024
-#: Most float32 accumulator elements a thread holds in GEMM 1 (gate and up): more spill registers.
-MAX_ACC_PER_THREAD = 128
-#: Rows per expert up to which GEMM 2 may split its reduction (few row tiles, too few programs).
-SPLIT_ROWS = 64
-#: Multiprocessors of the H200: the default splits GEMM 2 until its programs fill them once.
-SMS = 132
+SMEM_BYTES = 227 * 1024 - 8 * 1024  #: Shared memory a program may use on the H200: 227 KiB a block, less epilogue room.
+MAX_ACC_PER_THREAD = 128  #: Most float32 accumulator elements a thread holds in GEMM 1 (gate and up): more would spill.
+SPLIT_ROWS = 64  #: Rows per expert up to which GEMM 2 may split its reduction (few row tiles, too few programs).
+SMS = 132  #: Multiprocessors of the H200: the default splits GEMM 2 until its programs fill them once.
 #: The default's tiles, the first whose rows an expert gets bound r: (rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
 #: num_stages, most GROUP_M, most TAILS). From a menu timed on every shipped workload on the H200 (``moe_menu.py``
 #: and ``moe_knob_ab.py`` under the tag ``lab-archive-2026-12``; docs/decisions.md); above 8 rows grouped (weights
 #: read once from L2: ungrouped tiles read 1.15x slower at Mixtral M = 64).
 DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
-#: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
-DECODE_ROWS = 64
+DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 #: Rows up to which the default takes the decode path: on an H100 it beat the grouped path at M = 1 to 16 (its
 #: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
-#: Output columns a decode GEMM 1 (gate and up each) and GEMM 2 program may take.
-DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)
-#: Rows up to which the decode path is offered as a GEMV (``GEMV=True``: float32 products summed, no 16-row
-#: tl.dot tile), its columns a program, its depths a step, and the most products a thread holds per accumulator.
-GEMV_ROWS, GEMV_NS, GEMV_KS, GEMV_PER_THREAD = 8, (2, 4, 8, 16), (256, 512, 1024), 32
-#: Rows up to which the default takes the GEMV.
-GEMV_DEFAULT_ROWS = 2
-#: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
-CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
+#: Rows up to which the decode path is offered as a GEMV (float32 products summed, no 16-row tl.dot tile), its columns a
+#: program, depths a step, most products a thread holds an accumulator, and rows up to which the default takes it.
+GEMV_ROWS, GEMV_NS, GEMV_KS, GEMV_PER_THREAD, GEMV_DEFAULT_ROWS = 8, (2, 4, 8, 16), (256, 512, 1024), 32, 2
+CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
 def next_pow2(n: int) -> int:
@@ -89,15 +79,13 @@ def tails_fit(r: int, bm: int, tails: int) -> bool:
 
 
 def wide_down_fits(bm: int, bn: int, bk: int, warps: int, stages: int, K: int) -> bool:
-    """Whether GEMM 2 may take :data:`WIDE_DOWN` output columns under a GEMM 1 tile of ``bn`` = 128 columns: K
-    spans such a tile, and its accumulator and pipeline fit the registers and shared memory."""
+    """Whether GEMM 2 may be :data:`WIDE_DOWN` wide beside GEMM 1's ``bn`` = 128: K spans it, registers and smem fit."""
     return (bn == 128 and K >= WIDE_DOWN and bm * WIDE_DOWN <= MAX_ACC_PER_THREAD * 32 * warps
             and _smem(bm, bk, WIDE_DOWN, stages) <= SMEM_BYTES)
 
 
 def _smem(bm: int, bk: int, cols: int, stages: int) -> int:
-    """Shared memory of a GEMM's pipeline: a ``bm`` x ``bk`` input tile and a ``bk`` x ``cols`` weight tile a stage
-    (GEMM 1's gate and up tiles: 2 * BLOCK_N columns), 2 bytes an element."""
+    """Shared-memory bytes of a GEMM's pipeline: a ``bm`` x ``bk`` input and a ``bk`` x ``cols`` weight tile a stage."""
     return stages * (bm * bk + bk * cols) * 2
 
 
@@ -122,8 +110,7 @@ def decode_block_m(M: int) -> int:
 
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path configs for ``spec`` (none above :data:`DECODE_ROWS` rows): every token in one tile,
-    GEMM 1 and GEMM 2 column tiles and depths whose pipelines fit shared memory."""
+    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory."""
     M = shape(spec)[0]
     if M > DECODE_ROWS:
         return []
@@ -138,9 +125,8 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def gemv_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path GEMV configs for ``spec`` (none above :data:`GEMV_ROWS` rows): every token in one tile of
-    ``next_pow2(M)`` rows, GEMM 1 and GEMM 2 columns and depths whose products fit :data:`GEMV_PER_THREAD` a
-    thread (GEMM 2 steps at most ``next_pow2(N)`` deep)."""
+    """Decode-path GEMV configs for ``spec`` (none above :data:`GEMV_ROWS` rows): every token in one tile, columns and
+    depths whose products fit :data:`GEMV_PER_THREAD` a thread (GEMM 2 steps at most ``next_pow2(N)`` deep)."""
     M, _, N, _, _ = shape(spec)
     if M > GEMV_ROWS:
         return []
@@ -152,9 +138,8 @@ def gemv_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
-    """The decode path's no-search config (GEMM 1 / GEMM 2 columns / depth, 4 warps): up to
-    :data:`GEMV_DEFAULT_ROWS` rows the GEMV 4/4 columns, as deep as fits (1024 at one row); else 32/64/128 and 5
-    stages or as many as fit; above 16 rows 64/32/128 and 4 stages (the menu's best there)."""
+    """Decode-path default (GEMM 1 / GEMM 2 columns / depth / most stages, 4 warps): up to :data:`GEMV_DEFAULT_ROWS`
+    rows a GEMV, 4/4 as deep as fits (1024 at one row); else 32/64/128/5; above 16 rows 64/32/128/4, the menu's best."""
     M = shape(spec)[0]
     if M <= GEMV_DEFAULT_ROWS:
         return max((c for c in gemv_configs(spec) if c.hints["num_warps"] == 4
@@ -166,8 +151,7 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
 
 
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Candidate configs for ``spec``, pruned by shared memory, registers and the rows per expert, and
-    the decode path's (:func:`decode_configs`)."""
+    """Candidate configs for ``spec`` within shared memory, registers and rows an expert, and :func:`decode_configs`."""
     (_, E, N, K, _), r = shape(spec), rows_per_expert(spec)
     max_bm, groups, out = max(BLOCK_MS[0], next_pow2(r)), _groups(spec), []
     tmas = (False, True) if tma_fits(E, N, K) else (False,)
@@ -184,11 +168,10 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (a member of :func:`triton_configs`; the evidence: docs/decisions.md). Up to
-    :data:`DECODE_DEFAULT_ROWS` rows the decode path (:func:`decode_default`); above, the tile of
-    :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split as :func:`default_split` says, above 16 rows
-    the weights read by TMA where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row tile's GEMM 2
-    256 wide where :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
+    """Heuristic config (in :func:`triton_configs`; evidence: docs/decisions.md): up to :data:`DECODE_DEFAULT_ROWS` rows
+    :func:`decode_default`; above, the tile of :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by
+    :func:`default_split`, above 16 rows TMA where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row
+    tile's GEMM 2 256 wide where :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:
         return decode_default(spec)
@@ -199,8 +182,7 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     tma = r > 16 and tma_fits(E, N, K)
     tails = max(t for t in TAILS if t <= tails and tails_fit(r, bm, t))
     down = WIDE_DOWN if bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K) else None
-    split = default_split(spec, bm, bn, bk, down)
-    return _config(bm, bn, bk, group, split, tma, tails, down, warps, stages)
+    return _config(bm, bn, bk, group, default_split(spec, bm, bn, bk, down), tma, tails, down, warps, stages)
 
 
 def default_split(spec: Mapping[str, Any], bm: int, bn: int, bk: int, bn_down: int | None = None) -> int:
@@ -222,6 +204,5 @@ def cpu_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def cpu_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic CPU config: every expert in one step while experts get few rows (dispatch
-    dominates), one expert a step once they get many (padding would dominate)."""
+    """Heuristic CPU config: every expert in one step up to 8 rows an expert (dispatch dominates), else one a step."""
     return Config({"EXPERT_GROUP": shape(spec)[1] if rows_per_expert(spec) <= 8 else 1})

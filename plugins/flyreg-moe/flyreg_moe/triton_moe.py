@@ -13,8 +13,7 @@ from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted, resolve_
 from . import decode, gemm_kernels as gk, routing, space
 from .checks import Launch, check_ids, check_knobs, check_moe, ids_checked
 
-#: Columns a reduction program covers at most.
-REDUCE_BLOCK = 1024
+REDUCE_BLOCK = 1024  #: Columns a reduction program covers at most.
 
 
 def tma_hardware(device: torch.device) -> bool:
@@ -41,17 +40,15 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                    TMA: bool = False, TAILS: int = 0, BLOCK_N_DOWN: int | None = None,
                    DECODE: bool = False, GEMV: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None, pdl: bool | None = None) -> Launch:
-    """The launcher of calls shaped like this one, ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]``, with the
-    knobs :mod:`.space` describes, checked and compiled here: six launches (three of routing, GEMM 1, GEMM 2, the
-    top-k reduction) whose grids come from the shapes alone and which never wait on the host, so a CUDA graph can
-    capture a call; each launches as a programmatic dependent where ``pdl`` (default: where
-    :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the first waits for the launch queued
-    before the call, which must itself have waited if it was a programmatic dependent. The ids' values are checked
-    here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads the weight
-    tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has TMA (:func:`tma_hardware`) and a
-    call's weights are 16-byte aligned (the others take pointer loads, compiled here too). ``DECODE``: the two
-    launches of :mod:`.decode`, which take BLOCK_M, BLOCK_N, BLOCK_N_DOWN, BLOCK_K and ``GEMV`` (tiles as float32
-    products, not tl.dot: any power of two of rows and columns; the other knobs are checked and unused)."""
+    """Launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for calls shaped like this one, with the knobs
+    of :mod:`.space`, checked and compiled here: six launches (three of routing, two GEMMs, the top-k reduction) with
+    grids from the shapes alone and no waits on the host, so a CUDA graph can capture a call. Each is a programmatic
+    dependent where ``pdl`` (default: where :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the
+    first waits for the launch queued before the call, which must itself have waited if it was one. The ids' values are
+    checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight
+    tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's
+    weights are 16-byte aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode`
+    on the BLOCK_ knobs and ``GEMV`` (float32 products, not tl.dot: any power-of-two rows and columns)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE, GEMV)
     check_ids(topk_ids, E)
