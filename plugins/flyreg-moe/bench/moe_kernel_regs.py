@@ -14,8 +14,8 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --routing --json regs.json
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --decode --json regs.json
 
-``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts and of the
-default at their specs, as
+``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts, and of the
+default and the GEMV's first and last configs at their specs, as
 programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
 """
 
@@ -144,8 +144,8 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
 
 
 def decode_counts(arch: int) -> list[dict[str, Any]]:
-    """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts and of the
-    default at each shipped artifact's spec."""
+    """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts, and of the
+    default and the GEMV's first and last configs at each shipped artifact's spec."""
     from flyreg_moe import decode
 
     seen = set()
@@ -153,8 +153,9 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
         a = json.loads(path.read_text(encoding="utf-8"))
         if a["spec"].get("backend") != "triton":
             continue
-        spec, default = a["spec"], space.triton_default(a["spec"])
-        for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints)):
+        spec, gemv = a["spec"], space.gemv_configs(a["spec"])
+        configs = [space.triton_default(spec), *gemv[:1], *gemv[-1:]]  # the GEMV's narrowest and widest tiles
+        for kw, hints in [(a["config"]["kwargs"], a["config"]["hints"]), *((c.kwargs, c.hints) for c in configs)]:
             if kw.get("DECODE"):
                 seen.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_N_DOWN"], kw["BLOCK_K"], hints["num_warps"],
                           hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"], kw.get("GEMV", False)))

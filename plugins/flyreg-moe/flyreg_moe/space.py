@@ -41,8 +41,8 @@ DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its t
 DECODE_DEFAULT_ROWS = 32
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
 #: Rows up to which the decode path is offered as a GEMV (float32 products summed, no 16-row tl.dot tile), its columns a
-#: program, depths a step, most products a thread holds an accumulator, and rows up to which the default takes it.
-GEMV_ROWS, GEMV_NS, GEMV_KS, GEMV_PER_THREAD, GEMV_DEFAULT_ROWS = 8, (2, 4, 8, 16), (256, 512, 1024), 32, 2
+#: program, depths a step and the most products a thread holds an accumulator. Offered to the search only.
+GEMV_ROWS, GEMV_NS, GEMV_KS, GEMV_PER_THREAD = 8, (2, 4, 8, 16), (256, 512, 1024), 32
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
@@ -138,13 +138,9 @@ def gemv_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
-    """Decode-path default (GEMM 1 / GEMM 2 columns / depth / most stages, 4 warps): up to :data:`GEMV_DEFAULT_ROWS`
-    rows a GEMV, 4/4 as deep as fits (1024 at one row); else 32/64/128/5; above 16 rows 64/32/128/4, the menu's best."""
-    M = shape(spec)[0]
-    if M <= GEMV_DEFAULT_ROWS:
-        return max((c for c in gemv_configs(spec) if c.hints["num_warps"] == 4
-                    and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"]) == (4, 4)), key=lambda c: c.kwargs["BLOCK_K"])
-    tile, stages = ((64, 32, 128), 4) if M > 16 else ((32, 64, 128), 5)
+    """Decode-path default (GEMM 1 / GEMM 2 columns / depth / most stages, 4 warps; tl.dot, not the GEMV, whose whole
+    call no GPU run has timed yet): 32/64/128/5; above 16 rows 64/32/128/4, the menu's best there."""
+    tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
     return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
                 and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile),
                key=lambda c: c.hints["num_stages"])
