@@ -150,9 +150,17 @@ class _Grid:
         self.names = names
         self.point = {c: tuple(self.index[n][c.all_kwargs().get(n)] for n in names) for c in space}
         self.at = {p: c for c, p in self.point.items()}
+        #: The points with each value of each axis, in space order.
+        self.holding: list[dict[int, list[tuple[int, ...]]]] = [{} for _ in names]
+        for p in self.point.values():
+            for axis, i in enumerate(p):
+                self.holding[axis].setdefault(i, []).append(p)
 
     def neighbors(self, config: Config) -> list[Config]:
-        """The nearest config of the space one step up and one step down each axis (skipping pruned points)."""
+        """The nearest config of the space one step up and one step down each axis (skipping pruned points).
+        Where no config along a direction differs from this one in that axis alone (a knob that only another
+        family of configs has, whose other knobs differ too), the config at the axis's next value nearest in
+        the other axes (fewest index steps): so a local search can cross from one family to another."""
         p = self.point[config]
         out = []
         for axis, n in enumerate(self.names):
@@ -164,7 +172,21 @@ class _Grid:
                         out.append(self.at[q])
                         break
                     i += step
+                else:
+                    nearest = self._nearest_across(p, axis, step)
+                    if nearest is not None:
+                        out.append(nearest)
         return out
+
+    def _nearest_across(self, p: tuple[int, ...], axis: int, step: int) -> Config | None:
+        # The config at the first value past p's along ``axis`` (towards ``step``) that is nearest p in the others.
+        i = p[axis] + step
+        while 0 <= i < len(self.values[self.names[axis]]) and i not in self.holding[axis]:
+            i += step
+        if i not in self.holding[axis]:
+            return None
+        best = min(self.holding[axis][i], key=lambda q: sum(abs(a - b) for a, b in zip(p, q)))
+        return self.at[best]
 
 
 @attrs.frozen

@@ -73,6 +73,33 @@ def test_local_search_picks_the_optimum_with_a_fraction_of_the_evaluations(seed:
     assert cost(report.winner) <= 1.02 * BEST
 
 
+#: A second family of configs, as an op's second path: its own knob (PATH), A and C values of its own and 8 warps,
+#: so none differs from a SPACE config in one knob alone. Its calls are faster than any of SPACE's.
+PATH_FAMILY = [Config({"A": a, "B": b, "C": 100 + c, "PATH": True}, num_warps=8) for a in (21, 22) for b in (2, 4)
+               for c in (1, 2)]
+
+
+def path_cost(config: Config) -> float:
+    """``cost`` on SPACE; on PATH_FAMILY a bowl whose best (A=22, B=2, C=102) is half SPACE's best."""
+    k = config.kwargs
+    if not k.get("PATH"):
+        return cost(config)
+    a, b, c = int(k["A"]), math.log2(int(k["B"])), int(k["C"]) - 100
+    return BEST / 2 + 2 * (a - 22) ** 2 + 2 * (b - 1) ** 2 + 2 * (c - 2) ** 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_local_search_crosses_to_a_family_of_configs_no_single_knob_reaches(seed: int) -> None:
+    """From the default (in SPACE) the search steps along PATH to the nearest config of the other family, then
+    down its bowl: the winner is that family's best, though no config differs from SPACE's in one knob alone and
+    the random sample (42 of 2056) draws one of the family's 8 in about one seed of seven."""
+    space = SPACE + PATH_FAMILY
+    tuner = busy_op("busy_families", space=space, seconds=lambda c: path_cost(c) * UNIT_S, seed=seed)
+    report = tuner.tune(torch.zeros(1), emit=False)
+    assert report.tried <= int(len(space) * QUICK_SHARE)
+    assert report.winner.kwargs.get("PATH") and path_cost(report.winner) <= 1.02 * min(map(path_cost, PATH_FAMILY))
+
+
 def test_failed_configs_are_never_expanded_and_the_search_goes_on() -> None:
     def odd(c: Config) -> bool:
         return int(c.kwargs["A"]) % 2 == 1

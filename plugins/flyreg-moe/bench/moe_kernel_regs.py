@@ -154,7 +154,7 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
         if a["spec"].get("backend") != "triton":
             continue
         spec, gemv = a["spec"], space.gemv_configs(a["spec"])
-        configs = [space.triton_default(spec), *gemv[:1], *gemv[-1:]]  # the GEMV's narrowest and widest tiles
+        configs = [space.triton_default(spec), *gemv[:1], *gemv[-1:]]  # the GEMV's first and last configs
         for kw, hints in [(a["config"]["kwargs"], a["config"]["hints"]), *((c.kwargs, c.hints) for c in configs)]:
             if kw.get("DECODE"):
                 seen.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_N_DOWN"], kw["BLOCK_K"], hints["num_warps"],

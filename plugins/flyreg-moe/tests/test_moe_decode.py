@@ -105,9 +105,9 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
 
 @needs_triton
 @pytest.mark.parametrize(("case", "tiles", "dtype"), [
-    ((1, 8, 48, 40, 2, "random"), (4, 8, 16), torch.bfloat16),  # one token; N and K not multiples of the depth
-    ((3, 6, 40, 56, 3, "one"), (16, 2, 32), torch.float16),  # a token names one expert three times; 4-row tile
-    ((8, 4, 32, 48, 2, "skewed"), (2, 4, 64), torch.bfloat16),  # experts with no token; GEMM 2 a step past N
+    ((1, 8, 48, 40, 2, "random"), (4, 8, 16), torch.bfloat16),  # one token; GEMM 1's K not a multiple of its depth
+    ((3, 6, 40, 56, 3, "one"), (16, 16, 32), torch.float16),  # one expert named thrice; 4-row tile; K % 16 columns
+    ((8, 4, 40, 48, 2, "skewed"), (2, 4, 64), torch.bfloat16),  # experts with no token; GEMM 2 a step past N = 40
 ], ids=["one-token", "one-expert", "eight-tokens"])
 def test_gemv_decode_path_matches_reference(case: tuple, tiles: tuple, dtype: torch.dtype) -> None:
     M, E, N, K, topk, routing = case
@@ -143,8 +143,8 @@ def test_gpu_decode_path_on_model_shapes(model: str, M: int) -> None:
 
     E, K, N, topk = MODEL[model]
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
-    configs = space.decode_configs(spec)
-    picks = [space.decode_default(spec), configs[0], configs[-1]]
+    dot, gemv = [c for c in space.decode_configs(spec) if not c.kwargs.get("GEMV")], space.gemv_configs(spec)
+    picks = [space.decode_default(spec), dot[0], dot[-1], *gemv[:1], *gemv[-1:]]  # the GEMV's only GPU check
     for seed, config in enumerate(picks):
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda", seed=seed)
         out = triton_call(*args, **config.kwargs, **config.hints)
