@@ -77,14 +77,14 @@ def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: Input
     n, share = plan_sets(storages(args, kwargs).values(), viewed, prepared, copy_budget(free),
                          [t.untyped_storage().nbytes() for t in (*in_place.restore.values(), *in_place.zero)],
                          draws is not None)
-    sets, drew = [own], draws is not None
+    sets, reserved = [own], draws is not None  # a draw makes a whole call, whose memory stays reserved
     try:
         for i in range(1, n):
             sets.append(copy_inputs(args, kwargs, share))
             draws = draws if draws is not None and _filled(sets[-1], own, draws, i) else None
     except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
-        drew = True
-    if drew:  # the draws' whole calls (or the failed copy) left memory reserved: it goes back
+        reserved = True
+    if reserved:  # the draws' whole calls (or the failed copy) left memory reserved: it goes back
         torch.cuda.empty_cache()
 
     # scale -> calls of an unprepared replay at scale 1, sized on the first candidate timed at that

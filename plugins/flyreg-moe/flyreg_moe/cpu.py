@@ -26,7 +26,7 @@ def fused_moe_cpu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weig
     experts = topk_ids.reshape(-1).long()
     order = torch.argsort(experts, stable=True)  # pairs grouped by expert
     counts = torch.bincount(experts, minlength=E).tolist()
-    starts = [0, *itertools.accumulate(counts)]
+    starts, weights = [0, *itertools.accumulate(counts)], topk_weights.reshape(-1)
     for g0 in range(0, E, EXPERT_GROUP):
         group = [e for e in range(g0, min(g0 + EXPERT_GROUP, E)) if counts[e]]
         if not group:
@@ -38,7 +38,7 @@ def fused_moe_cpu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weig
         idx = torch.tensor(group, device=x.device)
         h = torch.bmm(x[pairs // topk].float(), w1[idx].float().transpose(1, 2))
         act = (F.silu(h[..., :N]) * h[..., N:]).to(x.dtype).float()
-        y = torch.bmm(act, w2[idx].float().transpose(1, 2)) * topk_weights.reshape(-1)[pairs].unsqueeze(-1)
+        y = torch.bmm(act, w2[idx].float().transpose(1, 2)) * weights[pairs].unsqueeze(-1)
         keep = torch.arange(run, device=x.device)[None, :] < torch.tensor([counts[e] for e in group])[:, None]
         acc.index_add_(0, (pairs // topk)[keep], y[keep])
     return acc.to(x.dtype)

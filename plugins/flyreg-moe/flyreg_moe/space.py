@@ -110,7 +110,8 @@ def decode_block_m(M: int) -> int:
 
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory."""
+    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, tl.dot's pipelines in shared
+    memory, then :func:`gemv_configs`."""
     M = shape(spec)[0]
     if M > DECODE_ROWS:
         return []
