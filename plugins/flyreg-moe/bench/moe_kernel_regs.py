@@ -15,7 +15,7 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --decode --json regs.json
 
 ``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts, and of the
-default and the GEMV's first and last configs at their specs, as
+default at their specs, as
 programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
 """
 
@@ -145,7 +145,7 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
 
 def decode_counts(arch: int) -> list[dict[str, Any]]:
     """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts, and of the
-    default and the GEMV's first and last configs at each shipped artifact's spec."""
+    default at each shipped artifact's spec."""
     from flyreg_moe import decode
 
     seen = set()
@@ -153,23 +153,22 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
         a = json.loads(path.read_text(encoding="utf-8"))
         if a["spec"].get("backend") != "triton":
             continue
-        spec, gemv = a["spec"], space.gemv_configs(a["spec"])
-        configs = [space.triton_default(spec), *gemv[:1], *gemv[-1:]]  # the GEMV's first and last configs
-        for kw, hints in [(a["config"]["kwargs"], a["config"]["hints"]), *((c.kwargs, c.hints) for c in configs)]:
+        spec, default = a["spec"], space.triton_default(a["spec"])
+        for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints)):
             if kw.get("DECODE"):
                 seen.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_N_DOWN"], kw["BLOCK_K"], hints["num_warps"],
-                          hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"], kw.get("GEMV", False)))
+                          hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"]))
     rows = []
-    for bm, bn, bnd, bk, warps, stages, K, N, E, topk, gemv in sorted(seen):
+    for bm, bn, bnd, bk, warps, stages, K, N, E, topk in sorted(seen):
         # M = BLOCK_M: a decode tile holds every token of its bucket
-        up, down = decode.constexprs(bm, K, N, E, topk, bm, bn, bk, bnd, upcast=False, pdl=arch >= 90, gemv=gemv)
+        up, down = decode.constexprs(bm, K, N, E, topk, bm, bn, bk, bnd, upcast=False, pdl=arch >= 90)
         kernels = {  # kernel: (pointer and int argument types, constexprs)
             "decode_gate_up": (["*bf16"] * 3 + ["*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 8, up),
             "decode_down": (["*bf16", "*bf16", "*fp32", "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 5, down)}
         for which, (types, consts) in kernels.items():
             fn = getattr(decode, f"_{which}_kernel")
             row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
-                                   "E": E, "topk": topk, "gemv": gemv}
+                                   "E": E, "topk": topk}
             try:
                 row["binary"] = describe(compile_kernel(fn, types, consts, arch, warps, stages), arch)
             except Exception as e:  # a failed compile is a result too

@@ -41,63 +41,11 @@ def _token_pairs(ids, j, m, e, topk, TOPK_P2: tl.constexpr):
     return first < TOPK_P2, m * topk + tl.where(first < TOPK_P2, first, 0), match
 
 
-@triton.jit
-def _weight_tile(W, rows, ks, stride, GEMV: tl.constexpr):
-    # Pointers to a weight tile of output columns ``rows`` (each ``stride`` apart) and depths ks: [BLOCK_K,
-    # columns] for tl.dot, [columns, BLOCK_K] for the GEMV (each thread's loads run along K).
-    # (Each helper here assigns in both branches of a constexpr if: Triton merges early returns' types.)
-    if GEMV:
-        ptr = W + (rows.to(tl.int64) * stride)[:, None] + ks[None, :]
-    else:
-        ptr = W + (rows.to(tl.int64) * stride)[None, :] + ks[:, None]
-    return ptr
-
-
-@triton.jit
-def _depth_mask(k_ok, GEMV: tl.constexpr):
-    # The mask of a weight tile's depths in range (its layout as :func:`_weight_tile`).
-    if GEMV:
-        mask = k_ok[None, :]
-    else:
-        mask = k_ok[:, None]
-    return mask
-
-
-@triton.jit
-def _zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GEMV: tl.constexpr):
-    # An accumulator: [rows, columns] for tl.dot; [rows, columns, depth] products for the GEMV, summed at the end.
-    if GEMV:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def _step(a, w, acc, UPCAST: tl.constexpr, GEMV: tl.constexpr):
-    # acc plus a [rows, depth] times a weight tile: tl.dot, or the GEMV's float32 products (no 16-row tile).
-    if GEMV:
-        out = acc + a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    else:
-        out = _mma(a, w, acc, UPCAST)
-    return out
-
-
-@triton.jit
-def _total(acc, GEMV: tl.constexpr):
-    # The [rows, columns] product an accumulator holds.
-    if GEMV:
-        total = tl.sum(acc, axis=2)
-    else:
-        total = acc
-    return total
-
-
 @triton.jit(do_not_specialize=["M", "P", "E", "topk", "n_counts"])
 def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_counts, x_stride, N, K,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            E_P2: tl.constexpr, CHUNK: tl.constexpr, TOPK_P2: tl.constexpr, COUNTS_P2: tl.constexpr,
-                           EVEN_K: tl.constexpr, UPCAST: tl.constexpr, GEMV: tl.constexpr, PDL: tl.constexpr):
+                           EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     dependent_start(PDL)
     slot = tl.program_id(0)
     experts = tl.arange(0, E_P2)
@@ -125,10 +73,10 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     a_ptr = X + (tl.where(m < M, m, 0).to(tl.int64) * x_stride)[:, None] + ks[None, :]
-    g_ptr = _weight_tile(W1 + e.to(tl.int64) * (2 * N * K), tl.where(col_ok, cols, 0), ks, K, GEMV)
+    g_ptr = W1 + e.to(tl.int64) * (2 * N * K) + (tl.where(col_ok, cols, 0).to(tl.int64) * K)[None, :] + ks[:, None]
     u_ptr = g_ptr + N * K
-    acc_g = _zeros(BLOCK_M, BLOCK_N, BLOCK_K, GEMV)
-    acc_u = _zeros(BLOCK_M, BLOCK_N, BLOCK_K, GEMV)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr)
@@ -137,15 +85,14 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
         else:
             k_ok = ks < K - k0
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
-            g = tl.load(g_ptr, mask=_depth_mask(k_ok, GEMV), other=0.0)
-            u = tl.load(u_ptr, mask=_depth_mask(k_ok, GEMV), other=0.0)
-        acc_g = _step(a, g, acc_g, UPCAST, GEMV)
-        acc_u = _step(a, u, acc_u, UPCAST, GEMV)
+            g = tl.load(g_ptr, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
+        acc_g = _mma(a, g, acc_g, UPCAST)
+        acc_u = _mma(a, u, acc_u, UPCAST)
         a_ptr += BLOCK_K
         g_ptr += BLOCK_K
         u_ptr += BLOCK_K
-    gate, up = _total(acc_g, GEMV), _total(acc_u, GEMV)
-    h = gate * tl.sigmoid(gate) * up * weight[:, None]
+    h = acc_g * tl.sigmoid(acc_g) * acc_u * weight[:, None]
     out = H + (pair.to(tl.int64) * N)[:, None] + cols[None, :]
     tl.store(out, h.to(H.dtype.element_ty), mask=chosen[:, None] & col_ok[None, :])
 
@@ -154,7 +101,7 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
 def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-                        GEMV: tl.constexpr, PDL: tl.constexpr):
+                        PDL: tl.constexpr):
     dependent_start(PDL)  # GEMM 2 may start while GEMM 1 ends (a programmatic dependent), and waits for it here
     slot = tl.program_id(1)
     count = tl.load(EXPERTS)
@@ -172,8 +119,8 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
     tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
     chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
     a_ptr = H + (pair.to(tl.int64) * N)[:, None] + ks[None, :]
-    b_ptr = _weight_tile(W2 + e.to(tl.int64) * (K * N), tl.where(col_ok, cols, 0), ks, N, GEMV)
-    acc = _zeros(BLOCK_M, BLOCK_N, BLOCK_K, GEMV)
+    b_ptr = W2 + e.to(tl.int64) * (K * N) + (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, N, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr, mask=chosen[:, None], other=0.0)
@@ -181,12 +128,12 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
         else:
             k_ok = ks < N - k0
             a = tl.load(a_ptr, mask=chosen[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr, mask=_depth_mask(k_ok, GEMV), other=0.0)
-        acc = _step(a, b, acc, UPCAST, GEMV)
+            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+        acc = _mma(a, b, acc, UPCAST)
         a_ptr += BLOCK_K
         b_ptr += BLOCK_K
     y_cols = (pair.to(tl.int64) * K)[:, None] + cols[None, :]
-    tl.store(Y + y_cols, _total(acc, GEMV), mask=chosen[:, None] & col_ok[None, :])
+    tl.store(Y + y_cols, acc, mask=chosen[:, None] & col_ok[None, :])
     tl.debug_barrier()  # every thread's partial is stored before the program counts itself in
     counter = COUNTS + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
     if tl.atomic_add(counter, 1, sem="acq_rel") == count - 1:
@@ -204,26 +151,25 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
 
 
 def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
-               BLOCK_N_DOWN: int, upcast: bool, pdl: bool, gemv: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """GEMM 1 and 2 constexprs (what makes each binary); a GEMV's GEMM 2 steps at most ``next_pow2(N)`` deep."""
+               BLOCK_N_DOWN: int, upcast: bool, pdl: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The constexprs of GEMM 1's and GEMM 2's launches for these sizes and knobs (what makes each binary)."""
     n_counts, topk_p2 = triton.cdiv(K, BLOCK_N_DOWN) * triton.cdiv(M, BLOCK_M), next_pow2(topk)
-    down_k = min(BLOCK_K, next_pow2(N)) if gemv else BLOCK_K
     return ({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": max(16, next_pow2(E)),
              "CHUNK": chunk_size(E), "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts), "EVEN_K": K % BLOCK_K == 0,
-             "UPCAST": upcast, "GEMV": gemv, "PDL": pdl},
-            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": down_k, "TOPK_P2": topk_p2,
-             "EVEN_K": N % down_k == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "GEMV": gemv, "PDL": pdl})
+             "UPCAST": upcast, "PDL": pdl},
+            {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
+             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl})
 
 
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
-                num_warps: int | None, num_stages: int | None, pdl: bool, gemv: bool = False) -> Launch:
+                num_warps: int | None, num_stages: int | None, pdl: bool) -> Launch:
     """Decode-path launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for ``shape`` (checked by the
-    caller), compiled here: two launches, dependents where ``pdl``, tiles by tl.dot or (``gemv``) float32 products."""
+    caller), compiled here: two launches, programmatic dependents where ``pdl``."""
     (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
     P, slots, token_tiles, col_tiles = M * topk, min(M * topk, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
     up_consts, down_consts = constexprs(M, K, N, E, topk, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_N_DOWN,
-                                        interpreted() and dtype == torch.bfloat16, pdl, gemv)
+                                        interpreted() and dtype == torch.bfloat16, pdl)
     e_p2, n_counts = up_consts["E_P2"], col_tiles * token_tiles
 
     def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,

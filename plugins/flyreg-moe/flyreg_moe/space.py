@@ -5,8 +5,8 @@ tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's red
 ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
 descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
 last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
-:func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and ``GEMV=True`` (its
-tiles as float32 products, up to :data:`GEMV_ROWS` rows). CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`)."""
+:func:`wide_down_fits`) and ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows). CPU knob:
+``EXPERT_GROUP`` (:mod:`.cpu`)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,6 @@ DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its t
 #: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
-#: Rows up to which the decode path is offered as a GEMV (float32 products summed, no 16-row tl.dot tile), its columns a
-#: program, depths a step and the most products a thread holds an accumulator. Offered to the search only.
-GEMV_ROWS, GEMV_NS, GEMV_KS, GEMV_PER_THREAD = 8, (2, 4, 8, 16), (256, 512, 1024), 32
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
@@ -110,8 +107,7 @@ def decode_block_m(M: int) -> int:
 
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, tl.dot's pipelines in shared
-    memory, then :func:`gemv_configs`."""
+    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory."""
     M = shape(spec)[0]
     if M > DECODE_ROWS:
         return []
@@ -122,25 +118,12 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
                     "DECODE": True}, num_warps=warps, num_stages=stages)
             for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES)
             if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4, _smem(bm, bk, bnd, stages) + bm * bnd * 4)
-            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)] + gemv_configs(spec)
-
-
-def gemv_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path GEMV configs for ``spec`` (none above :data:`GEMV_ROWS` rows): every token in one tile, columns and
-    depths whose products fit :data:`GEMV_PER_THREAD` a thread (GEMM 2 steps at most ``next_pow2(N)`` deep)."""
-    M, _, N, _, _ = shape(spec)
-    if M > GEMV_ROWS:
-        return []
-    bm = next_pow2(M)
-    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
-                    "DECODE": True, "GEMV": True}, num_warps=warps, num_stages=1)
-            for bn, bnd, bk, warps in itertools.product(GEMV_NS, GEMV_NS, GEMV_KS, WARPS)
-            if bm * max(bn * bk, bnd * min(bk, next_pow2(N))) <= GEMV_PER_THREAD * 32 * warps]
+            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
-    """Decode-path default (GEMM 1 / GEMM 2 columns / depth / most stages, 4 warps; tl.dot, not the GEMV, whose whole
-    call no GPU run has timed yet): 32/64/128/5; above 16 rows 64/32/128/4, the menu's best there."""
+    """Decode-path default (GEMM 1 / GEMM 2 columns / depth / most stages, 4 warps): 32/64/128/5; above 16 rows
+    64/32/128/4, the menu's best there."""
     tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
     return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
                 and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile),

@@ -90,47 +90,14 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         decode = [c for c in space.triton_configs(spec) if c.kwargs.get("DECODE")]
         assert decode == space.decode_configs(spec)
         assert (len(decode) > 0) == (M <= space.DECODE_ROWS)
-        gemv = [c for c in decode if c.kwargs.get("GEMV")]
-        assert gemv == space.gemv_configs(spec) and (len(gemv) > 0) == (M <= space.GEMV_ROWS)
-        assert all(c.kwargs["BLOCK_M"] == (M if c.kwargs.get("GEMV") else max(16, M)) for c in decode)
+        assert all(c.kwargs["BLOCK_M"] == max(16, M) for c in decode)
         default = space.triton_default(spec)
         assert bool(default.kwargs.get("DECODE")) == (M <= space.DECODE_DEFAULT_ROWS)
-        assert "GEMV" not in default.kwargs  # offered to the search; the default multiplies by tl.dot
         if default.kwargs.get("DECODE"):
             assert default in decode
             wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages
             assert (default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]) == (
                 (64, 32, 4) if wide else (32, 64, 5))
-
-
-@needs_triton
-@pytest.mark.parametrize(("case", "tiles", "dtype"), [
-    ((1, 8, 48, 40, 2, "random"), (4, 8, 16), torch.bfloat16),  # one token; GEMM 1's K not a multiple of its depth
-    ((3, 6, 40, 56, 3, "one"), (16, 16, 32), torch.float16),  # one expert named thrice; 4-row tile; K % 16 columns
-    ((8, 4, 40, 48, 2, "skewed"), (2, 4, 64), torch.bfloat16),  # experts with no token; GEMM 2 a step past N = 40
-], ids=["one-token", "one-expert", "eight-tokens"])
-def test_gemv_decode_path_matches_reference(case: tuple, tiles: tuple, dtype: torch.dtype) -> None:
-    M, E, N, K, topk, routing = case
-    bn, bn_down, bk = tiles
-    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M + 1)
-    out = triton_call(*args, **{**DECODE, "BLOCK_M": space.next_pow2(M), "BLOCK_N": bn, "BLOCK_K": bk},
-                      BLOCK_N_DOWN=bn_down, GEMV=True)
-    assert out.shape == (M, K) and out.dtype == dtype
-    assert rel_err(out, reference(*args)) < TOL[dtype]
-
-
-def test_gemv_knob_is_checked() -> None:
-    if triton_moe is None:
-        pytest.skip("triton not importable")
-    args = call(1, 4, 32, 32, 2)
-    with pytest.raises(ValueError, match="GEMV must be a bool, got 'yes'"):
-        triton_moe.bind_fused_moe(*args, **DECODE, GEMV="yes")
-    with pytest.raises(ValueError, match="GEMV=True is a decode-path knob and needs DECODE=True"):
-        triton_moe.bind_fused_moe(*args, **GROUPED, GEMV=True)
-    with pytest.raises(ValueError, match="BLOCK_N must be a power of two, got 3"):
-        triton_moe.bind_fused_moe(*args, **{**DECODE, "BLOCK_N": 3}, GEMV=True)
-    with pytest.raises(ValueError, match="BLOCK_M must be a power of two >= 16, got 1"):  # tl.dot's tile
-        triton_moe.bind_fused_moe(*args, **{**DECODE, "BLOCK_M": 1})
 
 
 
@@ -143,8 +110,8 @@ def test_gpu_decode_path_on_model_shapes(model: str, M: int) -> None:
 
     E, K, N, topk = MODEL[model]
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
-    dot, gemv = [c for c in space.decode_configs(spec) if not c.kwargs.get("GEMV")], space.gemv_configs(spec)
-    picks = [space.decode_default(spec), dot[0], dot[-1], *gemv[:1], *gemv[-1:]]  # the GEMV's only GPU check
+    configs = space.decode_configs(spec)
+    picks = [space.decode_default(spec), configs[0], configs[-1]]
     for seed, config in enumerate(picks):
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda", seed=seed)
         out = triton_call(*args, **config.kwargs, **config.hints)

@@ -77,9 +77,7 @@ def test_space_is_pruned_by_shared_memory_and_rows() -> None:
         stages = c.hints["num_stages"]
         assert stages * (k["BLOCK_M"] * k["BLOCK_K"] + 2 * k["BLOCK_K"] * k["BLOCK_N"]) * 2 <= 227 * 1024
     decode = space.triton_configs(small)
-    # one row an expert: the smallest tl.dot tile only, and the GEMV's one row
-    assert {c.kwargs["BLOCK_M"] for c in decode if not c.kwargs.get("GEMV")} == {16}
-    assert {c.kwargs["BLOCK_M"] for c in decode if c.kwargs.get("GEMV")} == {1}
+    assert {c.kwargs["BLOCK_M"] for c in decode} == {16}  # one row an expert: the smallest tile only
     assert {c.kwargs["SPLIT_K"] for c in decode} > {1} and {c.kwargs["SPLIT_K"] for c in configs} == {1}
     for spec in (big, small):
         assert space.triton_default(spec) in space.triton_configs(spec)
