@@ -193,7 +193,10 @@ class InProcessEvaluator(Evaluator):
     def _make_timer(self) -> TimeOne:
         settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode
         if mode == "steady":
-            return steady_timer(settings, list(self.launchers.values()), own, self.device, in_place, self.draws)
+            time_one, drawn = steady_timer(settings, list(self.launchers.values()), own, self.device, in_place,
+                                           self.draws)
+            self._drawn = self._drawn and drawn  # the times are over draws only where a set holds one
+            return time_one
         return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
 
     def _fall_back(self, e: CaptureError) -> None:

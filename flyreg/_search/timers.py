@@ -63,13 +63,13 @@ def _filled(s: InputSet, own: InputSet, draws: Draws, seed: int) -> bool:
 
 
 def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: InputSet, device: Any,
-                 in_place: InPlace, draws: Draws | None = None) -> TimeOne:
+                 in_place: InPlace, draws: Draws | None = None) -> tuple[TimeOne, bool]:
     """Steady-state timing (:mod:`flyreg._search.steady`) on copies of the call's inputs shared by all
     candidates; the copies are sized on the ``launchers`` bound when the first timing starts. With
     ``draws``, copy ``i`` holds draw ``i``'s values while the draws are shaped like the call (the first that is
     not, or that fails, ends them: the rest stay copies). A draw makes a whole call at once, so there are draws
     only while one fits in half the free device memory, and none for a call with values to restore (a set
-    would mix the call's restored tensors with a draw's others)."""
+    would mix the call's restored tensors with a draw's others). Also returns whether any set holds a draw."""
     args, kwargs = own.args, own.kwargs
     prepared = bool(in_place) or any(la.pre is not None for la in launchers)
     free, viewed = free_bytes(device), viewed_bytes(args, kwargs)
@@ -77,11 +77,12 @@ def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: Input
     n, share = plan_sets(storages(args, kwargs).values(), viewed, prepared, copy_budget(free),
                          [t.untyped_storage().nbytes() for t in (*in_place.restore.values(), *in_place.zero)],
                          draws is not None)
-    sets, reserved = [own], draws is not None  # a draw makes a whole call, whose memory stays reserved
+    sets, reserved, drawn = [own], draws is not None, False  # a draw makes a whole call, whose memory stays reserved
     try:
         for i in range(1, n):
             sets.append(copy_inputs(args, kwargs, share))
             draws = draws if draws is not None and _filled(sets[-1], own, draws, i) else None
+            drawn = drawn or draws is not None
     except torch.cuda.OutOfMemoryError:  # memory went elsewhere meanwhile: rotate through the sets made
         reserved = True
     if reserved:  # the draws' whole calls (or the failed copy) left memory reserved: it goes back
@@ -100,4 +101,4 @@ def steady_timer(settings: SearchSettings, launchers: list[Launcher], own: Input
             replay_calls[scale] = replay_length(launcher.raw, sets)
         return bench_steady(launcher.raw, sets, settings.warmup, settings.rep, None, scale, replay_calls[scale])
 
-    return time_one
+    return time_one, drawn

@@ -226,7 +226,13 @@ def test_an_op_drawn_by_seed_is_timed_over_its_draws() -> None:
     tuner = autotune_builder("steady_draws_probe", build, lambda x, ids: {"n": int(x.shape[0])},
                              [Config({"K": 1}), Config({"K": 2})])
     tuner.make_inputs, tuner.seeded_inputs = make, True
-    tuner.tune(*make({"n": 256}, "cuda")[0], emit=False)
+    report = tuner.tune(*make({"n": 256}, "cuda")[0], emit=False)
     timed = {tuple(t.tolist()) for t in seen}
     drawn = [tuple(make({"n": 256}, "cuda", seed)[0][1].tolist()) for seed in range(DRAWS)]
     assert len(set(drawn)) == DRAWS and set(drawn) <= timed
+    assert report.decision.timing.inputs == "draws"
+    # Draws unlike the call (another row count) leave every set a copy of it: the record says copies.
+    unlike = autotune_builder("steady_draws_unlike_probe", build, lambda x, ids: {"n": int(x.shape[0])},
+                              [Config({"K": 1}), Config({"K": 2})])
+    unlike.make_inputs, unlike.seeded_inputs = (lambda spec, device, seed=0: make({"n": 255}, device, seed)), True
+    assert unlike.tune(*make({"n": 256}, "cuda")[0], emit=False).decision.timing.inputs == "copies"
