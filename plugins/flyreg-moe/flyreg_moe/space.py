@@ -40,6 +40,9 @@ DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its t
 #: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
+#: Ways the decode path may split GEMM 1's depth (each way 2 steps or more): more programs where few column tiles of
+#: few experts leave SMs idle; GEMM 2 then reads 2 * SPLIT_K float32 partial sums for each element of h.
+DECODE_SPLITS = (1, 2, 4)
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
@@ -107,18 +110,22 @@ def decode_block_m(M: int) -> int:
 
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory."""
-    M = shape(spec)[0]
+    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory,
+    GEMM 1's depth split :data:`DECODE_SPLITS` ways."""
+    M, _, _, K, _ = shape(spec)
     if M > DECODE_ROWS:
         return []
     bm = decode_block_m(M)
     # Triton's decode GEMM 1 took its pipeline and three float32 accumulator-sized tiles (262144 bytes for 64 x 128
-    # x 128 in 2 stages, on the H100), GEMM 2 one. 8 warps only where each holds 16 accumulator rows.
-    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
+    # x 128 in 2 stages, on the H100), GEMM 2 one; a split GEMM 2 stages 2 * split float32 input tiles (as 4 * split
+    # bf16 ones). 8 warps only where each holds 16 accumulator rows.
+    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split, "BLOCK_N_DOWN": bnd,
                     "DECODE": True}, num_warps=warps, num_stages=stages)
-            for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES)
-            if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4, _smem(bm, bk, bnd, stages) + bm * bnd * 4)
-            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
+            for split, bn, bnd, bk, warps, stages in itertools.product(DECODE_SPLITS, DECODE_NS, DECODE_N_DOWNS,
+                                                                       BLOCK_KS, WARPS, STAGES)
+            if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4,
+                   _smem(bm if split == 1 else 4 * split * bm, bk, bnd, stages) + bm * bnd * 4) <= SMEM_BYTES
+            and (warps != 8 or bm * max(bn, bnd) >= 4096) and (split == 1 or -(-K // bk) >= 2 * split)]
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
@@ -126,7 +133,8 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
     64/32/128/4, the menu's best there."""
     tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
     return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
-                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile),
+                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"])
+                == (*tile, 1)),
                key=lambda c: c.hints["num_stages"])
 
 

@@ -48,7 +48,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight
     tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's
     weights are 16-byte aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode`
-    on the BLOCK_ knobs (the others are checked and unused)."""
+    on the BLOCK_ knobs, with GEMM 1's depth split ``SPLIT_K`` ways (the others are checked and unused)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     check_ids(topk_ids, E)
@@ -58,7 +58,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         return lambda x, w1, w2, topk_weights, topk_ids: torch.empty((0, K), dtype=dtype, device=device)
     if DECODE:
         return ids_checked(decode.bind_decode(x, w1, w2, topk_weights, topk_ids, shape, BLOCK_M, BLOCK_N, BLOCK_K,
-                                              bn_down, num_warps, num_stages, pdl), E)
+                                              bn_down, num_warps, num_stages, pdl, SPLIT_K), E)
     P, k_tiles, reduce_block = M * topk, triton.cdiv(N, BLOCK_K), min(REDUCE_BLOCK, space.next_pow2(K))
     plan = routing.RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m, per_split = plan.tiles, triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))

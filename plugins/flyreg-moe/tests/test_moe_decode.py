@@ -26,10 +26,12 @@ GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K":
     ((7, 6, 40, 56, 3, "one"), 32, torch.float16),  # every pair to one expert: a token names it three times
     ((20, 4, 32, 48, 2, "skewed"), 16, torch.bfloat16),  # two token tiles; experts with no token
 ], ids=["one-token", "one-expert", "two-tiles"])
-def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype) -> None:
+# SPLIT_K = 3: GEMM 1's depth in three (K = 56: 32, 24 and none), GEMM 2 adding the partial sums and the weights
+@pytest.mark.parametrize("split", [1, 3])
+def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype, split: int) -> None:
     M, E, N, K, topk, routing = case
-    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M)
-    out = triton_call(*args, **DECODE, BLOCK_N_DOWN=down)
+    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M + split)
+    out = triton_call(*args, **{**DECODE, "SPLIT_K": split}, BLOCK_N_DOWN=down)
     assert out.shape == (M, K) and out.dtype == dtype
     assert rel_err(out, reference(*args)) < TOL[dtype]
 
@@ -91,10 +93,13 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         assert decode == space.decode_configs(spec)
         assert (len(decode) > 0) == (M <= space.DECODE_ROWS)
         assert all(c.kwargs["BLOCK_M"] == max(16, M) for c in decode)
+        # GEMM 1's depth split where each way keeps 2 steps of 64 or more (K = 2048: 16 at 128 deep)
+        assert {c.kwargs["SPLIT_K"] for c in decode} == ({1, 2, 4} if decode and M < 64 else {1, 2} if decode else set())
+        assert all(2048 // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"] for c in decode)
         default = space.triton_default(spec)
         assert bool(default.kwargs.get("DECODE")) == (M <= space.DECODE_DEFAULT_ROWS)
         if default.kwargs.get("DECODE"):
-            assert default in decode
+            assert default in decode and default.kwargs["SPLIT_K"] == 1
             wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages
             assert (default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]) == (
                 (64, 32, 4) if wide else (32, 64, 5))
@@ -111,7 +116,8 @@ def test_gpu_decode_path_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
     configs = space.decode_configs(spec)
-    picks = [space.decode_default(spec), configs[0], configs[-1]]
+    split = [c for c in configs if c.kwargs["SPLIT_K"] > 1]  # GEMM 1's depth split, GEMM 2 adding the partial sums
+    picks = [space.decode_default(spec), configs[0], configs[-1], split[0], split[len(split) // 2]]
     for seed, config in enumerate(picks):
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda", seed=seed)
         out = triton_call(*args, **config.kwargs, **config.hints)
