@@ -1,7 +1,7 @@
 """Config spaces and no-search defaults of the fused MoE, for a spec ``{"E", "N", "K", "topk", "M": m_bucket(rows),
 "dtype", "backend"}``. Triton knobs: ``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output
 columns of a tile, in GEMM 1 as many gate and as many up), ``BLOCK_K`` (reduction depth a step), ``GROUP_M`` (row
-tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split), the hints
+tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split; on the decode path GEMM 1's over K), the hints
 ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
 descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
 last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
