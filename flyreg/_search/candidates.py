@@ -56,13 +56,15 @@ class Measured:
     """One config measured out of the search's sight (in a worker): its result, or why there is none.
 
     ``rejected``: the gate turned it down; ``uncapturable``: the call cannot be captured in a CUDA
-    graph, so the search must time it another way.
+    graph, so the search must time it another way; ``drawn``: whether a set the timer rotated through
+    held a draw of the spec (None: no steady timer).
     """
 
     result: BenchResult | None = None
     error: str | None = None
     rejected: bool = False
     uncapturable: bool = False
+    drawn: bool | None = None
 
 
 def reason(e: Exception) -> str:
@@ -92,7 +94,8 @@ class Evaluator:
                  machine: journal.Machine | None) -> None:
         self.settings, self.spec, self.device, self.stats, self.machine = settings, spec, device, stats, machine
         self.mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
-        self._drawn = machine is not None and machine.toolchain.get("inputs") == "draws"  # the op draws by seed
+        # The op draws by seed; cleared once a steady timer could fill no set with a draw.
+        self._drawn = machine is not None and machine.toolchain.get("inputs") == "draws"
         self.timed: dict[Config, BenchResult] = {}
         self.failed: list[tuple[Config, str]] = []
         self.rejected: list[tuple[Config, str]] = []

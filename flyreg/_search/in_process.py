@@ -91,6 +91,7 @@ class InProcessEvaluator(Evaluator):
         self.draws = draws  # other draws of the call's spec, which steady timing rotates through
         self.launchers: dict[Config, Launcher] = {}
         self._timer: TimeOne | None = None
+        self.timer_drew = False  # whether the steady timer filled a set with a draw (see Measured.drawn)
 
     def measure(self, config: Config, scale: int = 1, warm: bool = False, mode: str | None = None,
                 check: bool = False) -> Measured:
@@ -111,7 +112,8 @@ class InProcessEvaluator(Evaluator):
         if warm:
             self._warm(ready)
         try:
-            return Measured(self._time(ready[0][1], scale))
+            result = self._time(ready[0][1], scale)
+            return Measured(result, drawn=self.timer_drew if self.mode == "steady" else None)
         except CaptureError as e:
             return Measured(error=str(e), uncapturable=True)
         except Exception as e:  # the caller records it
@@ -193,9 +195,9 @@ class InProcessEvaluator(Evaluator):
     def _make_timer(self) -> TimeOne:
         settings, own, in_place, mode = self.settings, self.own, self.in_place, self.mode
         if mode == "steady":
-            time_one, drawn = steady_timer(settings, list(self.launchers.values()), own, self.device, in_place,
-                                           self.draws)
-            self._drawn = self._drawn and drawn  # the times are over draws only where a set holds one
+            time_one, self.timer_drew = steady_timer(settings, list(self.launchers.values()), own, self.device,
+                                                     in_place, self.draws)
+            self._drawn = self._drawn and self.timer_drew  # the times are over draws only where a set holds one
             return time_one
         return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
 

@@ -96,4 +96,6 @@ class IsolatedEvaluator(Evaluator):
             raise Rejected(str(measured.error))
         if measured.result is None:
             raise CandidateError(str(measured.error))
+        if measured.drawn is not None:  # the worker's timer says whether its sets held draws
+            self._drawn = self._drawn and measured.drawn
         return measured.result

@@ -1,6 +1,7 @@
 """Draws of a call's inputs: an op whose ``make_inputs`` takes a ``seed`` has its searches timed over
 several draws (each input set another draw's values), not over copies of one call. The sets are made
-only by a search on a GPU (``tests/kernels/test_steady_gpu.py``), so these tests drive them directly."""
+only by a search on a GPU (``tests/kernels/test_steady_gpu.py``), so these tests drive them directly, and the
+record of an isolated search, whose worker reports whether its sets held draws."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ from typing import Any
 import pytest
 import torch
 
+from flyreg import Config
+from flyreg._core.results import BenchResult, TunerStats
+from flyreg._core.search_terms import SearchSettings
+from flyreg._search.candidates import Measured
+from flyreg._search.isolated_evaluator import IsolatedEvaluator
+from flyreg._search.journal import Machine
 from flyreg._search.steady import DRAWS, InputSet, copy_inputs, fill_from_draw, plan_sets, set_count
 from flyreg._search.timers import _filled
+from flyreg._search.worker import Outcome
 
 MiB = 1 << 20
 
@@ -74,3 +82,24 @@ def test_a_draw_that_fails_leaves_its_set_a_copy_and_ends_the_draws() -> None:
     assert not _filled(s, own, failing, 1)
     assert torch.equal(s.args[0], x) and torch.equal(s.kwargs["ids"], kw["ids"])
     assert _filled(s, own, _call, 3) and torch.equal(s.args[0], _call(3)[0][0])
+
+
+class _Worker:
+    """A benchmarking worker's stand-in: each measure returns one timing and whether its sets held draws."""
+
+    def __init__(self, drawn: list[bool | None]) -> None:
+        self.drawn, self.replaced = drawn, 0
+
+    def measure(self, config: Any, **options: Any) -> Outcome:
+        return Outcome(config, Measured(BenchResult.of([1.0]), drawn=self.drawn.pop(0)), None)
+
+
+@pytest.mark.parametrize(("drawn", "inputs"), [([True, True], "draws"), ([True, False], "copies"),
+                                               ([None, True], "draws")])
+def test_an_isolated_search_records_draws_only_where_its_worker_timed_over_them(drawn: list, inputs: str) -> None:
+    # The worker's timer knows whether a set held a draw; the record (made in the calling process) follows it.
+    machine = Machine({"name": "probe"}, {"inputs": "draws"})  # the op draws by seed
+    search = IsolatedEvaluator(SearchSettings.of("probe"), {"n": 1}, "cuda", TunerStats(), machine, _Worker(drawn))
+    for config in (Config({"K": 1}), Config({"K": 2})):
+        search._time(config, 1)
+    assert search.inputs == inputs

@@ -123,7 +123,7 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
         tl.store(part + N, acc_u, mask=chosen[:, None] & col_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["M", "E", "topk"])
+@triton.jit(do_not_specialize=["M", "P", "E", "topk"])
 def _decode_down_kernel(H, W2, Y, OUT, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
@@ -154,11 +154,11 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, N, BLOCK_K):
         if EVEN_K:
-            a = _h_tile(a_ptr, chosen[:, None], weight, P * 2 * N, N, SPLIT)
+            a = _h_tile(a_ptr, chosen[:, None], weight, P.to(tl.int64) * (2 * N), N, SPLIT)
             b = tl.load(b_ptr)
         else:
             k_ok = ks < N - k0
-            a = _h_tile(a_ptr, chosen[:, None] & k_ok[None, :], weight, P * 2 * N, N, SPLIT)
+            a = _h_tile(a_ptr, chosen[:, None] & k_ok[None, :], weight, P.to(tl.int64) * (2 * N), N, SPLIT)
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a.to(W2.dtype.element_ty), b, acc, UPCAST)
         a_ptr += BLOCK_K

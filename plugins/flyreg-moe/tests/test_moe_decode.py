@@ -25,7 +25,8 @@ GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K":
     ((1, 8, 48, 40, 2, "random"), 16, torch.bfloat16),  # one token, N and K not multiples of BLOCK_K
     ((7, 6, 40, 56, 3, "one"), 32, torch.float16),  # every pair to one expert: a token names it three times
     ((20, 4, 32, 48, 2, "skewed"), 16, torch.bfloat16),  # two token tiles; experts with no token
-], ids=["one-token", "one-expert", "two-tiles"])
+    ((5, 8, 48, 64, 2, "random"), 32, torch.bfloat16),  # K a multiple of BLOCK_K whose 4 steps split 3 ways do not
+], ids=["one-token", "one-expert", "two-tiles", "uneven-split"])
 # SPLIT_K = 3: GEMM 1's depth in three (K = 56: 32, 24 and none), GEMM 2 adding the partial sums and the weights
 @pytest.mark.parametrize("split", [1, 3])
 def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype, split: int) -> None:
@@ -93,8 +94,9 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         assert decode == space.decode_configs(spec)
         assert (len(decode) > 0) == (M <= space.DECODE_ROWS)
         assert all(c.kwargs["BLOCK_M"] == max(16, M) for c in decode)
-        # GEMM 1's depth split where each way keeps 2 steps of 64 or more (K = 2048: 16 at 128 deep)
-        assert {c.kwargs["SPLIT_K"] for c in decode} == ({1, 2, 4} if decode and M < 64 else {1, 2} if decode else set())
+        # GEMM 1's depth split up to 16 rows, each way 2 steps or more (K = 2048: 16 steps at 128 deep)
+        splits = {1, 2, 4} if M <= space.DECODE_SPLIT_ROWS else {1}
+        assert {c.kwargs["SPLIT_K"] for c in decode} == (splits if decode else set())
         assert all(2048 // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"] for c in decode)
         default = space.triton_default(spec)
         assert bool(default.kwargs.get("DECODE")) == (M <= space.DECODE_DEFAULT_ROWS)
@@ -103,6 +105,8 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
             wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages
             assert (default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]) == (
                 (64, 32, 4) if wide else (32, 64, 5))
+    nine = {(c.kwargs["SPLIT_K"], c.kwargs["BLOCK_K"]) for c in space.decode_configs({**base, "K": 9 * 128, "M": 1})}
+    assert (2, 128) in nine and (4, 128) not in nine  # nine steps: 5 and 4 ways, but not 3, 3, 3 and 0
 
 
 
