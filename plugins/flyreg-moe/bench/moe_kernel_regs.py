@@ -156,9 +156,9 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
             continue
         spec, default = a["spec"], space.triton_default(a["spec"])
         tile = {k: default.kwargs.get(k) for k in ("BLOCK_N", "BLOCK_N_DOWN", "BLOCK_K")}
-        split = max((c for c in space.decode_configs(spec) if c.kwargs["SPLIT_K"] == 2 and c.hints == {
-            **c.hints, "num_warps": default.hints["num_warps"]} and tile.items() <= c.kwargs.items()),
-            key=lambda c: c.hints["num_stages"], default=default)
+        split = max((c for c in space.decode_configs(spec) if c.kwargs["SPLIT_K"] == 2
+                     and c.hints["num_warps"] == default.hints["num_warps"] and tile.items() <= c.kwargs.items()),
+                    key=lambda c: c.hints["num_stages"], default=default)
         for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints),
                           (split.kwargs, split.hints)):
             if kw.get("DECODE"):

@@ -150,15 +150,16 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, 
     else:  # GEMM 1's partial sums, the weight applied here
         weight = tl.sum(tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0), axis=1)
         a_ptr = H + (pair.to(tl.int64) * (2 * N))[:, None] + ks[None, :]
+    part_stride = P.to(tl.int64) * (2 * N)  # between one way's partial sums and the next's
     b_ptr = W2 + e.to(tl.int64) * (K * N) + (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, N, BLOCK_K):
         if EVEN_K:
-            a = _h_tile(a_ptr, chosen[:, None], weight, P.to(tl.int64) * (2 * N), N, SPLIT)
+            a = _h_tile(a_ptr, chosen[:, None], weight, part_stride, N, SPLIT)
             b = tl.load(b_ptr)
         else:
             k_ok = ks < N - k0
-            a = _h_tile(a_ptr, chosen[:, None] & k_ok[None, :], weight, P.to(tl.int64) * (2 * N), N, SPLIT)
+            a = _h_tile(a_ptr, chosen[:, None] & k_ok[None, :], weight, part_stride, N, SPLIT)
             b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
         acc = _mma(a.to(W2.dtype.element_ty), b, acc, UPCAST)
         a_ptr += BLOCK_K
@@ -222,8 +223,7 @@ def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weight
 
     up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
     gate_up = compiled_launcher(_decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N) * split, token_tiles), up,
-                                up_consts,
-                                hints(num_warps, num_stages, pdl=pdl), device)
+                                up_consts, hints(num_warps, num_stages, pdl=pdl), device)
     down = compiled_launcher(_decode_down_kernel, (col_tiles, slots, token_tiles), down_args, down_consts,
                              hints(num_warps, num_stages, pdl=pdl), device)
 
