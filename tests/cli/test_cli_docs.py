@@ -34,7 +34,8 @@ What varies from run to run or machine to machine is normalized, and the page sh
   its table's timing column (``<time>`` and ``<speedup>`` too), ``<date>`` for a timestamp,
   ``.corrupt-<time>`` for a moved-aside file's suffix and
   ``<GB/s>`` for a measured copy bandwidth;
-- ``<progress bar>`` for an unfinished progress bar (an interrupted tune's);
+- ``<progress bar>`` for an unfinished progress bar (an interrupted tune's: its job line, and its search's
+  configs line where the interrupt landed while one showed);
 - no trailing spaces, and no blank lines at the end of an output.
 """
 
@@ -101,7 +102,7 @@ def replacer(demo: Path, ident: DeviceIdentity) -> Callable[[str], str]:
         (r"\.corrupt-\d+", ".corrupt-<time>"),
         (r"copy bandwidth \d+(?:\.\d+)? GB/s", "copy bandwidth <GB/s>"),
         # where an interrupted tune's progress bar stood when SIGINT landed varies from run to run
-        (r"^\S+ \S+ ━+ +\d+/\d+ -:--:-- ETA -:--:--$", "<progress bar>"),
+        (r"^.*\S +━+ +\d+/\d+ -:--:-- ETA -:--:--$", "<progress bar>"),
     ]
     compiled = [(re.compile(pattern), to) for pattern, to in rules]
 
@@ -210,7 +211,9 @@ class PageRun:
             proc = subprocess.run(["bash", "-c", line], cwd=session.demo, env={**env, "LC_ALL": "C"}, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
             code, text = proc.returncode, proc.stdout
-        return normalize(text, replacer(session.demo, self.ident)), code
+        lines = normalize(text, replacer(session.demo, self.ident))
+        # an unfinished bar is one <progress bar>, whether or not its configs line was showing
+        return [x for i, x in enumerate(lines) if x != "<progress bar>" or lines[i - 1:i] != [x]], code
 
     def interrupted(self, session: Session, server: CommandServer, line: str,
                     interrupt: tuple[int, str]) -> tuple[list[str], int]:
