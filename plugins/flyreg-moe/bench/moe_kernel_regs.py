@@ -15,7 +15,7 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --decode --json regs.json
 
 ``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts, and of the
-default at their specs and of the default's tile with GEMM 1's depth split in two (the most stages offered), as
+default at their specs, as
 programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
 """
 
@@ -71,11 +71,10 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
 def compile_kernel(fn: Any, types: list[str], consts: dict[str, Any], arch: int, warps: int = 4,
                    stages: int | None = None) -> Any:
     """``fn`` compiled for ``arch`` with these runtime argument ``types`` (in order) and ``consts``; pointers and
-    the sizes a launch passes divisible by 16 (``x_stride``, ``N``, ``K``, ``k_split``) are specialized so, as the JIT
-    does."""
+    the strides a launch passes divisible by 16 (``x_stride``, ``N``, ``K``) are specialized so, as the JIT does."""
     sig = dict(zip(fn.arg_names, types))
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
-             if ty.startswith("*") or name in ("x_stride", "N", "K", "k_split")}
+             if ty.startswith("*") or name in ("x_stride", "N", "K")}
     src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                                     attrs=attrs)
     options = {"num_warps": warps, **({"num_stages": stages} if stages is not None else {})}
@@ -146,7 +145,7 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
 
 def decode_counts(arch: int) -> list[dict[str, Any]]:
     """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts, and of the
-    default at each shipped artifact's spec, and of its tile with SPLIT_K = 2 at the most stages the space offers."""
+    default at each shipped artifact's spec."""
     from flyreg_moe import decode
 
     seen = set()
@@ -155,34 +154,27 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
         if a["spec"].get("backend") != "triton":
             continue
         spec, default = a["spec"], space.triton_default(a["spec"])
-        tile = {k: default.kwargs.get(k) for k in ("BLOCK_N", "BLOCK_N_DOWN", "BLOCK_K")}
-        split = max((c for c in space.decode_configs(spec) if c.kwargs["SPLIT_K"] == 2
-                     and c.hints["num_warps"] == default.hints["num_warps"] and tile.items() <= c.kwargs.items()),
-                    key=lambda c: c.hints["num_stages"], default=default)
-        for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints),
-                          (split.kwargs, split.hints)):
+        for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints)):
             if kw.get("DECODE"):
                 seen.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_N_DOWN"], kw["BLOCK_K"], hints["num_warps"],
-                          hints["num_stages"], kw["SPLIT_K"], spec["K"], spec["N"], spec["E"], spec["topk"]))
+                          hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"]))
     rows = []
-    for bm, bn, bnd, bk, warps, stages, split, K, N, E, topk in sorted(seen):
+    for bm, bn, bnd, bk, warps, stages, K, N, E, topk in sorted(seen):
         # M = BLOCK_M: a decode tile holds every token of its bucket
-        up, down = decode.constexprs(bm, K, N, E, topk, bm, bn, bk, bnd, upcast=False, pdl=arch >= 90, split=split)
-        h = "*bf16" if up["SPLIT"] == 1 else "*fp32"  # h, or GEMM 1's float32 partial sums
+        up, down = decode.constexprs(bm, K, N, E, topk, bm, bn, bk, bnd, upcast=False, pdl=arch >= 90)
         kernels = {  # kernel: (pointer and int argument types, constexprs)
-            "decode_gate_up": (["*bf16", "*bf16", h, "*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 9, up),
-            "decode_down": ([h, "*bf16", "*fp32", "*bf16", "*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 6, down)}
+            "decode_gate_up": (["*bf16"] * 3 + ["*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 8, up),
+            "decode_down": (["*bf16", "*bf16", "*fp32", "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 5, down)}
         for which, (types, consts) in kernels.items():
             fn = getattr(decode, f"_{which}_kernel")
-            row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "split": up["SPLIT"],
-                                   "K": K, "N": N, "E": E, "topk": topk}
+            row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
+                                   "E": E, "topk": topk}
             try:
                 row["binary"] = describe(compile_kernel(fn, types, consts, arch, warps, stages), arch)
             except Exception as e:  # a failed compile is a result too
                 row["binary"] = failure(e)
             rows.append(row)
-            print(f"{which} {row['config']} split={up['SPLIT']} K={K} N={N} E={E} topk={topk}: {row['binary']}",
-                  flush=True)
+            print(f"{which} {row['config']} K={K} N={N} E={E} topk={topk}: {row['binary']}", flush=True)
     return rows
 
 

@@ -41,27 +41,11 @@ def _token_pairs(ids, j, m, e, topk, TOPK_P2: tl.constexpr):
     return first < TOPK_P2, m * topk + tl.where(first < TOPK_P2, first, 0), match
 
 
-@triton.jit
-def _h_tile(h_ptr, mask, weight, part_stride, N, SPLIT: tl.constexpr):
-    # GEMM 2's input tile: h as GEMM 1 stored it, or (SPLIT > 1) made here from GEMM 1's float32 partial sums of
-    # gate and up, SPLIT of each ``part_stride`` apart, the up ones N after the gate ones.
-    if SPLIT == 1:
-        h = tl.load(h_ptr, mask=mask, other=0.0)
-    else:
-        gate = tl.load(h_ptr, mask=mask, other=0.0)
-        up = tl.load(h_ptr + N, mask=mask, other=0.0)
-        for s in tl.static_range(1, SPLIT):
-            gate += tl.load(h_ptr + s * part_stride, mask=mask, other=0.0)
-            up += tl.load(h_ptr + s * part_stride + N, mask=mask, other=0.0)
-        h = gate * tl.sigmoid(gate) * up * weight[:, None]
-    return h
-
-
 @triton.jit(do_not_specialize=["M", "P", "E", "topk", "n_counts"])
-def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_counts, x_stride, N, K, k_split,
+def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_counts, x_stride, N, K,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            E_P2: tl.constexpr, CHUNK: tl.constexpr, TOPK_P2: tl.constexpr, COUNTS_P2: tl.constexpr,
-                           EVEN_K: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
+                           EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     dependent_start(PDL)
     slot = tl.program_id(0)
     experts = tl.arange(0, E_P2)
@@ -85,26 +69,21 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
     tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
     chosen, pair, match = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
     weight = tl.sum(tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0), axis=1)
-    cols = tl.program_id(1) // SPLIT * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    if SPLIT == 1:
-        k_lo = 0
-    else:  # this program's share of the depth: k_split (whole BLOCK_K steps) from k_lo
-        k_lo = tl.program_id(1) % SPLIT * k_split
     ks = tl.arange(0, BLOCK_K)
-    a_ptr = X + (tl.where(m < M, m, 0).to(tl.int64) * x_stride)[:, None] + ks[None, :] + k_lo
-    g_ptr = (W1 + e.to(tl.int64) * (2 * N * K) + k_lo
-             + (tl.where(col_ok, cols, 0).to(tl.int64) * K)[None, :] + ks[:, None])
+    a_ptr = X + (tl.where(m < M, m, 0).to(tl.int64) * x_stride)[:, None] + ks[None, :]
+    g_ptr = W1 + e.to(tl.int64) * (2 * N * K) + (tl.where(col_ok, cols, 0).to(tl.int64) * K)[None, :] + ks[:, None]
     u_ptr = g_ptr + N * K
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, k_split, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptr)
             g = tl.load(g_ptr)
             u = tl.load(u_ptr)
         else:
-            k_ok = ks < K - k_lo - k0
+            k_ok = ks < K - k0
             a = tl.load(a_ptr, mask=k_ok[None, :], other=0.0)
             g = tl.load(g_ptr, mask=k_ok[:, None], other=0.0)
             u = tl.load(u_ptr, mask=k_ok[:, None], other=0.0)
@@ -113,21 +92,29 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
         a_ptr += BLOCK_K
         g_ptr += BLOCK_K
         u_ptr += BLOCK_K
-    if SPLIT == 1:
-        h = acc_g * tl.sigmoid(acc_g) * acc_u * weight[:, None]
-        out = H + (pair.to(tl.int64) * N)[:, None] + cols[None, :]
-        tl.store(out, h.to(H.dtype.element_ty), mask=chosen[:, None] & col_ok[None, :])
-    else:  # float32 partial sums at [split, pair, gate | up]: GEMM 2 adds them and makes h
-        part = H + ((tl.program_id(1) % SPLIT * P + pair).to(tl.int64) * (2 * N))[:, None] + cols[None, :]
-        tl.store(part, acc_g, mask=chosen[:, None] & col_ok[None, :])
-        tl.store(part + N, acc_u, mask=chosen[:, None] & col_ok[None, :])
+    h = acc_g * tl.sigmoid(acc_g) * acc_u * weight[:, None]
+    out = H + (pair.to(tl.int64) * N)[:, None] + cols[None, :]
+    tl.store(out, h.to(H.dtype.element_ty), mask=chosen[:, None] & col_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["M", "P", "E", "topk"])
-def _decode_down_kernel(H, W2, Y, OUT, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, N, K,
+@triton.jit
+def _down_step(a_ptr, b_ptr, chosen, ks, rest, acc, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    # A step of GEMM 2: the h rows of the tokens that chose the expert against its w2 rows, ``rest`` of N left.
+    if EVEN_K:
+        a = tl.load(a_ptr, mask=chosen[:, None], other=0.0)
+        b = tl.load(b_ptr)
+    else:
+        k_ok = ks < rest
+        a = tl.load(a_ptr, mask=chosen[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+    return _mma(a, b, acc, UPCAST)
+
+
+@triton.jit(do_not_specialize=["M", "E", "topk"])
+def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-                        SPLIT: tl.constexpr, PDL: tl.constexpr):
+                        PDL: tl.constexpr):
     dependent_start(PDL)  # GEMM 2 may start while GEMM 1 ends (a programmatic dependent), and waits for it here
     slot = tl.program_id(1)
     count = tl.load(EXPERTS)
@@ -143,25 +130,12 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, 
     e = tl.load(EXPERTS + 1 + slot)
     ks = tl.arange(0, BLOCK_K)
     tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
-    chosen, pair, match = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
-    if SPLIT == 1:  # h as GEMM 1 stored it, its routing weight applied
-        weight = tl.zeros([BLOCK_M], dtype=tl.float32)
-        a_ptr = H + (pair.to(tl.int64) * N)[:, None] + ks[None, :]
-    else:  # GEMM 1's partial sums, the weight applied here
-        weight = tl.sum(tl.load(TW + m[:, None] * topk + j[None, :], mask=match, other=0.0), axis=1)
-        a_ptr = H + (pair.to(tl.int64) * (2 * N))[:, None] + ks[None, :]
-    part_stride = P.to(tl.int64) * (2 * N)  # between one way's partial sums and the next's
+    chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
+    a_ptr = H + (pair.to(tl.int64) * N)[:, None] + ks[None, :]
     b_ptr = W2 + e.to(tl.int64) * (K * N) + (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, N, BLOCK_K):
-        if EVEN_K:
-            a = _h_tile(a_ptr, chosen[:, None], weight, part_stride, N, SPLIT)
-            b = tl.load(b_ptr)
-        else:
-            k_ok = ks < N - k0
-            a = _h_tile(a_ptr, chosen[:, None] & k_ok[None, :], weight, part_stride, N, SPLIT)
-            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-        acc = _mma(a.to(W2.dtype.element_ty), b, acc, UPCAST)
+        acc = _down_step(a_ptr, b_ptr, chosen, ks, N - k0, acc, EVEN_K, UPCAST)
         a_ptr += BLOCK_K
         b_ptr += BLOCK_K
     y_cols = (pair.to(tl.int64) * K)[:, None] + cols[None, :]
@@ -182,56 +156,87 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, 
         tl.store(out_ptr, total.to(OUT.dtype.element_ty), mask=out_mask)
 
 
+@triton.jit(do_not_specialize=["M", "E", "topk"])
+def _decode_down_loop_kernel(H, W2, OUT, IDS, EXPERTS, M, E, topk, N, K,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
+                             SLOTS_P2: tl.constexpr, PDL: tl.constexpr):
+    # GEMM 2 with EXPERT_LOOP: a program per (output column tile, token tile) walks every selected expert's w2 rows
+    # in one pipelined loop (expert-major), summing the tokens' pairs in its accumulator, and writes out itself.
+    dependent_start(PDL)
+    count = tl.load(EXPERTS)
+    slots = tl.arange(0, SLOTS_P2)  # the experts held in registers: a load in the loop would stall its pipeline
+    selected = tl.load(EXPERTS + 1 + slots, mask=slots < count, other=0)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < K
+    tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
+    ks = tl.arange(0, BLOCK_K)
+    w_cols = (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
+    steps = tl.cdiv(N, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for it in range(0, count * steps):
+        e = tl.sum(tl.where(slots == it // steps, selected, 0), axis=0)
+        k0 = it % steps * BLOCK_K
+        chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
+        a_ptr = H + (pair.to(tl.int64) * N + k0)[:, None] + ks[None, :]
+        acc = _down_step(a_ptr, W2 + e.to(tl.int64) * (K * N) + k0 + w_cols, chosen, ks, N - k0, acc, EVEN_K, UPCAST)
+    out_mask = (m < M)[:, None] & col_ok[None, :] if not EVEN_N else (m < M)[:, None]
+    tl.store(OUT + (m.to(tl.int64) * K)[:, None] + cols[None, :], acc.to(OUT.dtype.element_ty), mask=out_mask)
+
+
 def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
-               BLOCK_N_DOWN: int, upcast: bool, pdl: bool, split: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The constexprs of GEMM 1's and GEMM 2's launches for these sizes and knobs (what makes each binary); ``split``:
-    ways GEMM 1's depth is split (at most its BLOCK_K steps)."""
-    split = max(1, min(split, triton.cdiv(K, BLOCK_K)))
+               BLOCK_N_DOWN: int, upcast: bool, pdl: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The constexprs of GEMM 1's and GEMM 2's launches for these sizes and knobs (what makes each binary)."""
     n_counts, topk_p2 = triton.cdiv(K, BLOCK_N_DOWN) * triton.cdiv(M, BLOCK_M), next_pow2(topk)
     return ({"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "E_P2": max(16, next_pow2(E)),
-             "CHUNK": chunk_size(E), "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts),
-             "EVEN_K": K % BLOCK_K == 0 and K // BLOCK_K % split == 0,
-             "UPCAST": upcast, "SPLIT": split, "PDL": pdl},
+             "CHUNK": chunk_size(E), "TOPK_P2": topk_p2, "COUNTS_P2": next_pow2(n_counts), "EVEN_K": K % BLOCK_K == 0,
+             "UPCAST": upcast, "PDL": pdl},
             {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N_DOWN, "BLOCK_K": BLOCK_K, "TOPK_P2": topk_p2,
-             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "SPLIT": split, "PDL": pdl})
+             "EVEN_K": N % BLOCK_K == 0, "EVEN_N": K % BLOCK_N_DOWN == 0, "UPCAST": upcast, "PDL": pdl})
 
 
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
-                num_warps: int | None, num_stages: int | None, pdl: bool, split: int = 1) -> Launch:
+                num_warps: int | None, num_stages: int | None, pdl: bool, expert_loop: bool = False) -> Launch:
     """Decode-path launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for ``shape`` (checked by the
-    caller), compiled here: two launches, programmatic dependents where ``pdl``; GEMM 1's depth split ``split`` ways
-    (its float32 partial sums added by GEMM 2)."""
+    caller), compiled here: two launches, programmatic dependents where ``pdl``; GEMM 2 with one program per column
+    tile walking every selected expert where ``expert_loop`` (:func:`_decode_down_loop_kernel`)."""
     (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
     P, slots, token_tiles, col_tiles = M * topk, min(M * topk, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
     up_consts, down_consts = constexprs(M, K, N, E, topk, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_N_DOWN,
-                                        interpreted() and dtype == torch.bfloat16, pdl, split)
-    e_p2, n_counts, split = up_consts["E_P2"], col_tiles * token_tiles, up_consts["SPLIT"]
-    k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), split) * BLOCK_K
+                                        interpreted() and dtype == torch.bfloat16, pdl)
+    e_p2, n_counts = up_consts["E_P2"], 0 if expert_loop else col_tiles * token_tiles
 
     def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,
-                    ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        # A call's fresh buffers (h or GEMM 1's partial sums, GEMM 2's products, the selected experts, arrival counters,
-        # out) in its arguments.
-        h = torch.empty((P, N), dtype=dtype, device=device) if split == 1 else torch.empty(
-            (split, P, 2 * N), dtype=torch.float32, device=device)
-        y = torch.empty((P, K), dtype=torch.float32, device=device)
-        experts, counts = (torch.empty(n, dtype=torch.int32, device=device) for n in (1 + e_p2, n_counts))
+                    ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...], torch.Tensor]:
+        # A call's fresh buffers (h, the selected experts, out; GEMM 2's products by pair and arrival counters unless
+        # expert_loop) in its GEMMs' arguments, and out.
+        h, experts = torch.empty((P, N), dtype=dtype, device=device), torch.empty(1 + e_p2, dtype=torch.int32,
+                                                                                    device=device)
         out, ids = torch.empty((M, K), dtype=dtype, device=device), ids.view(-1)
-        return ((x, w1, h, ids, tw.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K, k_split),
-                (h, w2, y, out, ids, tw.view(-1), experts, counts, M, P, E, topk, N, K))
+        if expert_loop:  # GEMM 1 zeroes no counters (n_counts = 0)
+            return ((x, w1, h, ids, tw.view(-1), experts, experts, M, P, E, topk, 0, x_stride, N, K),
+                    (h, w2, out, ids, experts, M, E, topk, N, K), out)
+        y = torch.empty((P, K), dtype=torch.float32, device=device)
+        counts = torch.empty(n_counts, dtype=torch.int32, device=device)
+        return ((x, w1, h, ids, tw.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K),
+                (h, w2, y, out, ids, experts, counts, M, E, topk, N, K), out)
 
-    up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
-    gate_up = compiled_launcher(_decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N) * split, token_tiles), up,
-                                up_consts, hints(num_warps, num_stages, pdl=pdl), device)
-    down = compiled_launcher(_decode_down_kernel, (col_tiles, slots, token_tiles), down_args, down_consts,
+    up, down_args, _ = launch_args(x, w1, w2, topk_weights, topk_ids)
+    gate_up = compiled_launcher(_decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles), up, up_consts,
+                                hints(num_warps, num_stages, pdl=pdl), device)
+    # with expert_loop no products by pair, counters or arrival: a program per column tile writes out
+    down = compiled_launcher(_decode_down_loop_kernel if expert_loop else _decode_down_kernel,
+                             (col_tiles, token_tiles) if expert_loop else (col_tiles, slots, token_tiles), down_args,
+                             {**down_consts, "SLOTS_P2": next_pow2(slots)} if expert_loop else down_consts,
                              hints(num_warps, num_stages, pdl=pdl), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
+        up, down_args, out = launch_args(x, w1, w2, topk_weights, topk_ids)
         gate_up(*up)
         down(*down_args)
-        return down_args[3]  # out
+        return out
 
     return run

@@ -1,12 +1,13 @@
 """Config spaces and no-search defaults of the fused MoE, for a spec ``{"E", "N", "K", "topk", "M": m_bucket(rows),
 "dtype", "backend"}``. Triton knobs: ``BLOCK_M`` (rows of a tile, also the routing's alignment), ``BLOCK_N`` (output
 columns of a tile, in GEMM 1 as many gate and as many up), ``BLOCK_K`` (reduction depth a step), ``GROUP_M`` (row
-tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split; on the
-decode path GEMM 1's over K), the hints ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True``
-(weight tiles read through tensor descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded
-to ``BLOCK_M >> TAILS`` rows, its last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns,
-256 beside GEMM 1's 128 where :func:`wide_down_fits`) and ``DECODE=True`` (:mod:`.decode`, up to
-:data:`DECODE_ROWS` rows). CPU knob: ``EXPERT_GROUP`` (:mod:`.cpu`)."""
+tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split), the hints
+``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
+descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
+last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
+:func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and, on the decode path,
+``EXPERT_LOOP=True`` (GEMM 2 a program per column tile walking every selected expert). CPU knob: ``EXPERT_GROUP``
+(:mod:`.cpu`)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,6 @@ DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its t
 #: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
-#: Ways the decode path may split GEMM 1's depth (each way 2 steps or more), up to DECODE_SPLIT_ROWS rows: more programs
-#: where few column tiles of few experts leave SMs idle; GEMM 2 then reads 2 * SPLIT_K float32 partial sums an element.
-DECODE_SPLITS, DECODE_SPLIT_ROWS = (1, 2, 4), 16
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
@@ -111,27 +109,19 @@ def decode_block_m(M: int) -> int:
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
     """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory,
-    GEMM 1's depth split :data:`DECODE_SPLITS` ways."""
-    M, _, _, K, _ = shape(spec)
+    each without and with ``EXPERT_LOOP``."""
+    M = shape(spec)[0]
     if M > DECODE_ROWS:
         return []
-    bm, splits = decode_block_m(M), DECODE_SPLITS if M <= DECODE_SPLIT_ROWS else (1,)
+    bm = decode_block_m(M)
     # Triton's decode GEMM 1 took its pipeline and three float32 accumulator-sized tiles (262144 bytes for 64 x 128
-    # x 128 in 2 stages, on the H100), GEMM 2 one; a split GEMM 2 stages 2 * split float32 input tiles (as 4 * split
-    # bf16 ones). 8 warps only where each holds 16 accumulator rows.
-    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split, "BLOCK_N_DOWN": bnd,
-                    "DECODE": True}, num_warps=warps, num_stages=stages)
-            for split, bn, bnd, bk, warps, stages in itertools.product(splits, DECODE_NS, DECODE_N_DOWNS, BLOCK_KS,
-                                                                       WARPS, STAGES)
-            if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4,
-                   _smem(bm if split == 1 else 4 * split * bm, bk, bnd, stages) + bm * bnd * 4) <= SMEM_BYTES
-            and (warps != 8 or bm * max(bn, bnd) >= 4096) and _split_fits(-(-K // bk), split)]
-
-
-def _split_fits(steps: int, split: int) -> bool:
-    """Whether ``steps`` steps split ``split`` ways (``ceil(steps / split)`` each, the last the rest) leave every
-    way 2 steps or more."""
-    return split == 1 or steps - (split - 1) * -(-steps // split) >= 2
+    # x 128 in 2 stages, on the H100), GEMM 2 one. 8 warps only where each holds 16 accumulator rows.
+    return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
+                    "DECODE": True, **({"EXPERT_LOOP": True} if loop else {})}, num_warps=warps, num_stages=stages)
+            for bn, bnd, bk, warps, stages, loop in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES,
+                                                                      (False, True))
+            if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4, _smem(bm, bk, bnd, stages) + bm * bnd * 4)
+            <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
@@ -139,8 +129,8 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
     64/32/128/4, the menu's best there."""
     tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
     return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
-                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"])
-                == (*tile, 1)),
+                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile
+                and not c.kwargs.get("EXPERT_LOOP")),
                key=lambda c: c.hints["num_stages"])
 
 

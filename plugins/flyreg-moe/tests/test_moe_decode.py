@@ -25,21 +25,21 @@ GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K":
     ((1, 8, 48, 40, 2, "random"), 16, torch.bfloat16),  # one token, N and K not multiples of BLOCK_K
     ((7, 6, 40, 56, 3, "one"), 32, torch.float16),  # every pair to one expert: a token names it three times
     ((20, 4, 32, 48, 2, "skewed"), 16, torch.bfloat16),  # two token tiles; experts with no token
-    ((5, 8, 48, 64, 2, "random"), 32, torch.bfloat16),  # K a multiple of BLOCK_K whose 4 steps split 3 ways do not
-], ids=["one-token", "one-expert", "two-tiles", "uneven-split"])
-# SPLIT_K = 3: GEMM 1's depth in three (K = 56: 32, 24 and none), GEMM 2 adding the partial sums and the weights
-@pytest.mark.parametrize("split", [1, 3])
-def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype, split: int) -> None:
+], ids=["one-token", "one-expert", "two-tiles"])
+# EXPERT_LOOP: GEMM 2 a program per column tile, walking every selected expert and writing out itself
+@pytest.mark.parametrize("loop", [False, True])
+def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype, loop: bool) -> None:
     M, E, N, K, topk, routing = case
-    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M + split)
-    out = triton_call(*args, **{**DECODE, "SPLIT_K": split}, BLOCK_N_DOWN=down)
+    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M + loop)
+    out = triton_call(*args, **DECODE, BLOCK_N_DOWN=down, EXPERT_LOOP=loop)
     assert out.shape == (M, K) and out.dtype == dtype
     assert rel_err(out, reference(*args)) < TOL[dtype]
 
 
 @needs_triton
-def test_decode_launcher_serves_new_routings_and_drops_out_of_range_pairs() -> None:
-    run = triton_moe.bind_fused_moe(*call(5, 8, 32, 32, 2, device=DEVICE, seed=1), **DECODE)
+@pytest.mark.parametrize("loop", [False, True])
+def test_decode_launcher_serves_new_routings_and_drops_out_of_range_pairs(loop: bool) -> None:
+    run = triton_moe.bind_fused_moe(*call(5, 8, 32, 32, 2, device=DEVICE, seed=1), **DECODE, EXPERT_LOOP=loop)
     x, w1, w2, tw, ids = call(5, 8, 32, 32, 2, device=DEVICE, routing="skewed", seed=2)
     assert rel_err(run(x, w1, w2, tw, ids), reference(x, w1, w2, tw, ids)) < TOL[torch.bfloat16]
     ids[2, 1] = 8  # out of range after the first call: that pair adds nothing
@@ -94,19 +94,13 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         assert decode == space.decode_configs(spec)
         assert (len(decode) > 0) == (M <= space.DECODE_ROWS)
         assert all(c.kwargs["BLOCK_M"] == max(16, M) for c in decode)
-        # GEMM 1's depth split up to 16 rows, each way 2 steps or more (K = 2048: 16 steps at 128 deep)
-        splits = {1, 2, 4} if M <= space.DECODE_SPLIT_ROWS else {1}
-        assert {c.kwargs["SPLIT_K"] for c in decode} == (splits if decode else set())
-        assert all(2048 // c.kwargs["BLOCK_K"] >= 2 * c.kwargs["SPLIT_K"] for c in decode)
         default = space.triton_default(spec)
         assert bool(default.kwargs.get("DECODE")) == (M <= space.DECODE_DEFAULT_ROWS)
         if default.kwargs.get("DECODE"):
-            assert default in decode and default.kwargs["SPLIT_K"] == 1
+            assert default in decode
             wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages
             assert (default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]) == (
                 (64, 32, 4) if wide else (32, 64, 5))
-    nine = {(c.kwargs["SPLIT_K"], c.kwargs["BLOCK_K"]) for c in space.decode_configs({**base, "K": 9 * 128, "M": 1})}
-    assert (2, 128) in nine and (4, 128) not in nine  # nine steps: 5 and 4 ways, but not 3, 3, 3 and 0
 
 
 
@@ -120,8 +114,8 @@ def test_gpu_decode_path_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
     configs = space.decode_configs(spec)
-    split = [c for c in configs if c.kwargs["SPLIT_K"] > 1]  # GEMM 1's depth split, GEMM 2 adding the partial sums
-    picks = [space.decode_default(spec), configs[0], configs[-1], split[0], split[len(split) // 2]]
+    loop = [c for c in configs if c.kwargs.get("EXPERT_LOOP")]  # GEMM 2 walking every selected expert
+    picks = [space.decode_default(spec), configs[0], configs[-1], loop[0], loop[len(loop) // 2]]
     for seed, config in enumerate(picks):
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda", seed=seed)
         out = triton_call(*args, **config.kwargs, **config.hints)
