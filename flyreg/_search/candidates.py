@@ -319,10 +319,14 @@ class Evaluator:
 
     def _journal(self, timing: str, config: Config, result: BenchResult | None = None,
                  error: str | None = None) -> None:
-        """Append one measurement; a journal that cannot be written warns once and the search goes on."""
+        """Append one measurement; a journal that cannot be written warns once and the search goes on. Where the op
+        draws by seed but a timing so far held a copy of the call, under ``inputs: copies``: a resumed search, which
+        reads the draws' key, times it again rather than rank a copy's time as a draw's."""
         if self.machine is None:
             return
         ctx = self.machine.context(self.settings.op, self.spec, timing)
+        if not self._drawn and ctx.toolchain.get("inputs") == "draws":  # a set held a copy: so does this time's key
+            ctx = attrs.evolve(ctx, toolchain={**ctx.toolchain, "inputs": "copies"})
         try:
             if result is not None:
                 journal.record(ctx, config, median_ms=result.median, spread=result.spread, reps=result.reps)

@@ -5,8 +5,10 @@ record of an isolated search, whose worker reports whether its sets held draws."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from flyreg._core.results import BenchResult, TunerStats
 from flyreg._core.search_terms import SearchSettings
 from flyreg._search.candidates import Measured
 from flyreg._search.isolated_evaluator import IsolatedEvaluator
+from flyreg._search import journal
 from flyreg._search.journal import Machine
 from flyreg._search.steady import DRAWS, InputSet, copy_inputs, fill_from_draw, plan_sets, set_count
 from flyreg._search.timers import _filled
@@ -89,6 +92,7 @@ class _Worker:
 
     def __init__(self, drawn: list[bool | None]) -> None:
         self.drawn, self.replaced = drawn, 0
+        self.limits = SimpleNamespace(slowest=1.0)  # it has finished a config: no calibration first
 
     def measure(self, config: Any, **options: Any) -> Outcome:
         return Outcome(config, Measured(BenchResult.of([1.0]), drawn=self.drawn.pop(0)), None)
@@ -103,3 +107,18 @@ def test_an_isolated_search_records_draws_only_where_its_worker_timed_over_them(
     for config in (Config({"K": 1}), Config({"K": 2})):
         search._time(config, 1)
     assert search.inputs == inputs
+
+
+@pytest.mark.parametrize(("drawn", "keys", "reused"), [([True, True], {"draws"}, 2),
+                                                        ([True, False, True], {"draws", "copies"}, 1)])
+def test_a_resumed_search_reuses_only_times_taken_over_draws(drawn: list, keys: set, reused: int) -> None:
+    # Times taken once a set held a copy are journaled under inputs "copies": resuming (the draws' key) times
+    # them again, so a copy's time never ranks, nor is recorded, as a draw's.
+    machine, configs = Machine({"name": "probe"}, {"inputs": "draws"}), [Config({"K": 1}), Config({"K": 2})]
+    settings = attrs.evolve(SearchSettings.of("probe"), resume=True)
+    first = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker(drawn[:2]))
+    first(configs)
+    assert {m.toolchain["inputs"] for m in journal.measurements("probe")} == keys
+    again = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker(drawn[2:]))
+    again(configs)
+    assert again.reused == reused and again.inputs == "draws"  # the one timed again held a draw this time
