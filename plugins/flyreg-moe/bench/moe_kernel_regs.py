@@ -15,7 +15,8 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --decode --json regs.json
 
 ``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts, and of the
-default at their specs (also with ``EXPERT_LOOP``'s GEMM 2), as programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
+default at their specs, as
+programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def routing_counts(arch: int) -> list[dict[str, Any]]:
 
 def decode_counts(arch: int) -> list[dict[str, Any]]:
     """Both decode kernels of each distinct decode config (and K, N, E, topk) of the shipped artifacts, and of the
-    default at each shipped artifact's spec, also with ``EXPERT_LOOP`` (GEMM 2 a program per column tile)."""
+    default at each shipped artifact's spec."""
     from flyreg_moe import decode
 
     seen = set()
@@ -153,26 +154,21 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
         if a["spec"].get("backend") != "triton":
             continue
         spec, default = a["spec"], space.triton_default(a["spec"])
-        for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints),
-                          ({**default.kwargs, "EXPERT_LOOP": True}, default.hints)):
+        for kw, hints in ((a["config"]["kwargs"], a["config"]["hints"]), (default.kwargs, default.hints)):
             if kw.get("DECODE"):
                 seen.add((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_N_DOWN"], kw["BLOCK_K"], hints["num_warps"],
-                          hints["num_stages"], bool(kw.get("EXPERT_LOOP")), spec["K"], spec["N"], spec["E"],
-                          spec["topk"]))
+                          hints["num_stages"], spec["K"], spec["N"], spec["E"], spec["topk"]))
     rows = []
-    for bm, bn, bnd, bk, warps, stages, loop, K, N, E, topk in sorted(seen):
+    for bm, bn, bnd, bk, warps, stages, K, N, E, topk in sorted(seen):
         # M = BLOCK_M: a decode tile holds every token of its bucket
         up, down = decode.constexprs(bm, K, N, E, topk, bm, bn, bk, bnd, upcast=False, pdl=arch >= 90)
         kernels = {  # kernel: (pointer and int argument types, constexprs)
             "decode_gate_up": (["*bf16"] * 3 + ["*i32", "*fp32", "*i32", "*i32"] + ["i32"] * 8, up),
             "decode_down": (["*bf16", "*bf16", "*fp32", "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 5, down)}
-        if loop:  # at most one slot per pair: bm tokens of topk pairs
-            kernels["decode_down_loop"] = (["*bf16"] * 3 + ["*i32"] * 2 + ["i32"] * 5,
-                                           {**kernels.pop("decode_down")[1], "SLOTS_P2": space.next_pow2(min(bm * topk, E))})
         for which, (types, consts) in kernels.items():
             fn = getattr(decode, f"_{which}_kernel")
-            row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "loop": loop, "K": K,
-                                   "N": N, "E": E, "topk": topk}
+            row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
+                                   "E": E, "topk": topk}
             try:
                 row["binary"] = describe(compile_kernel(fn, types, consts, arch, warps, stages), arch)
             except Exception as e:  # a failed compile is a result too

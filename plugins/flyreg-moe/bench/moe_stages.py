@@ -37,7 +37,7 @@ from flyreg_moe_bench.moe_bench import copy_bandwidth, distinct_experts, routed,
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
 STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",
           "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2", "_reduce_kernel": "reduce",
-          "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2", "_decode_down_loop_kernel": "gemm2"}
+          "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2"}
 
 
 def stage_of(kernel: str) -> str:

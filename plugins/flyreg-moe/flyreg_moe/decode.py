@@ -97,19 +97,6 @@ def _decode_gate_up_kernel(X, W1, H, IDS, TW, EXPERTS, COUNTS, M, P, E, topk, n_
     tl.store(out, h.to(H.dtype.element_ty), mask=chosen[:, None] & col_ok[None, :])
 
 
-@triton.jit
-def _down_step(a_ptr, b_ptr, chosen, ks, rest, acc, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
-    # A step of GEMM 2: the h rows of the tokens that chose the expert against its w2 rows, ``rest`` of N left.
-    if EVEN_K:
-        a = tl.load(a_ptr, mask=chosen[:, None], other=0.0)
-        b = tl.load(b_ptr)
-    else:
-        k_ok = ks < rest
-        a = tl.load(a_ptr, mask=chosen[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
-    return _mma(a, b, acc, UPCAST)
-
-
 @triton.jit(do_not_specialize=["M", "E", "topk"])
 def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -135,7 +122,14 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
     b_ptr = W2 + e.to(tl.int64) * (K * N) + (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, N, BLOCK_K):
-        acc = _down_step(a_ptr, b_ptr, chosen, ks, N - k0, acc, EVEN_K, UPCAST)
+        if EVEN_K:
+            a = tl.load(a_ptr, mask=chosen[:, None], other=0.0)
+            b = tl.load(b_ptr)
+        else:
+            k_ok = ks < N - k0
+            a = tl.load(a_ptr, mask=chosen[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr, mask=k_ok[:, None], other=0.0)
+        acc = _mma(a, b, acc, UPCAST)
         a_ptr += BLOCK_K
         b_ptr += BLOCK_K
     y_cols = (pair.to(tl.int64) * K)[:, None] + cols[None, :]
@@ -156,35 +150,6 @@ def _decode_down_kernel(H, W2, Y, OUT, IDS, EXPERTS, COUNTS, M, E, topk, N, K,
         tl.store(out_ptr, total.to(OUT.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["M", "E", "topk"])
-def _decode_down_loop_kernel(H, W2, OUT, IDS, EXPERTS, M, E, topk, N, K,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             TOPK_P2: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-                             SLOTS_P2: tl.constexpr, PDL: tl.constexpr):
-    # GEMM 2 with EXPERT_LOOP: a program per (output column tile, token tile) walks every selected expert's w2 rows
-    # in one pipelined loop (expert-major), summing the tokens' pairs in its accumulator, and writes out itself.
-    dependent_start(PDL)
-    count = tl.load(EXPERTS)
-    slots = tl.arange(0, SLOTS_P2)  # the experts held in registers: a load in the loop would stall its pipeline
-    selected = tl.load(EXPERTS + 1 + slots, mask=slots < count, other=0)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < K
-    tok_ids, j = _token_ids(IDS, m, M, topk, TOPK_P2)
-    ks = tl.arange(0, BLOCK_K)
-    w_cols = (tl.where(col_ok, cols, 0).to(tl.int64) * N)[None, :] + ks[:, None]
-    steps = tl.cdiv(N, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for it in range(0, count * steps):
-        e = tl.sum(tl.where(slots == it // steps, selected, 0), axis=0)
-        k0 = it % steps * BLOCK_K
-        chosen, pair, _ = _token_pairs(tok_ids, j, m, e, topk, TOPK_P2)
-        a_ptr = H + (pair.to(tl.int64) * N + k0)[:, None] + ks[None, :]
-        acc = _down_step(a_ptr, W2 + e.to(tl.int64) * (K * N) + k0 + w_cols, chosen, ks, N - k0, acc, EVEN_K, UPCAST)
-    out_mask = (m < M)[:, None] & col_ok[None, :] if not EVEN_N else (m < M)[:, None]
-    tl.store(OUT + (m.to(tl.int64) * K)[:, None] + cols[None, :], acc.to(OUT.dtype.element_ty), mask=out_mask)
-
-
 def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int,
                BLOCK_N_DOWN: int, upcast: bool, pdl: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The constexprs of GEMM 1's and GEMM 2's launches for these sizes and knobs (what makes each binary)."""
@@ -198,45 +163,35 @@ def constexprs(M: int, K: int, N: int, E: int, topk: int, BLOCK_M: int, BLOCK_N:
 
 def bind_decode(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shape: MoEArgs, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DOWN: int,
-                num_warps: int | None, num_stages: int | None, pdl: bool, expert_loop: bool = False) -> Launch:
+                num_warps: int | None, num_stages: int | None, pdl: bool) -> Launch:
     """Decode-path launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for ``shape`` (checked by the
-    caller), compiled here: two launches, programmatic dependents where ``pdl``; GEMM 2 with one program per column
-    tile walking every selected expert where ``expert_loop`` (:func:`_decode_down_loop_kernel`)."""
+    caller), compiled here: two launches, programmatic dependents where ``pdl``."""
     (M, K, N, E, topk, x_stride), dtype, device = shape, x.dtype, x.device
     P, slots, token_tiles, col_tiles = M * topk, min(M * topk, E), triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_N_DOWN)
     up_consts, down_consts = constexprs(M, K, N, E, topk, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_N_DOWN,
                                         interpreted() and dtype == torch.bfloat16, pdl)
-    e_p2, n_counts = up_consts["E_P2"], 0 if expert_loop else col_tiles * token_tiles
+    e_p2, n_counts = up_consts["E_P2"], col_tiles * token_tiles
 
     def launch_args(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tw: torch.Tensor,
-                    ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...], torch.Tensor]:
-        # A call's fresh buffers (h, the selected experts, out; GEMM 2's products by pair and arrival counters unless
-        # expert_loop) in its GEMMs' arguments, and out.
-        h, experts = torch.empty((P, N), dtype=dtype, device=device), torch.empty(1 + e_p2, dtype=torch.int32,
-                                                                                    device=device)
+                    ids: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        # A call's fresh buffers (h, GEMM 2's products, the selected experts, arrival counters, out) in its arguments.
+        h, y = torch.empty((P, N), dtype=dtype, device=device), torch.empty((P, K), dtype=torch.float32, device=device)
+        experts, counts = (torch.empty(n, dtype=torch.int32, device=device) for n in (1 + e_p2, n_counts))
         out, ids = torch.empty((M, K), dtype=dtype, device=device), ids.view(-1)
-        if expert_loop:  # GEMM 1 zeroes no counters (n_counts = 0)
-            return ((x, w1, h, ids, tw.view(-1), experts, experts, M, P, E, topk, 0, x_stride, N, K),
-                    (h, w2, out, ids, experts, M, E, topk, N, K), out)
-        y = torch.empty((P, K), dtype=torch.float32, device=device)
-        counts = torch.empty(n_counts, dtype=torch.int32, device=device)
         return ((x, w1, h, ids, tw.view(-1), experts, counts, M, P, E, topk, n_counts, x_stride, N, K),
-                (h, w2, y, out, ids, experts, counts, M, E, topk, N, K), out)
+                (h, w2, y, out, ids, experts, counts, M, E, topk, N, K))
 
-    up, down_args, _ = launch_args(x, w1, w2, topk_weights, topk_ids)
+    up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
     gate_up = compiled_launcher(_decode_gate_up_kernel, (slots, triton.cdiv(N, BLOCK_N), token_tiles), up, up_consts,
                                 hints(num_warps, num_stages, pdl=pdl), device)
-    # with expert_loop no products by pair, counters or arrival: a program per column tile writes out
-    down = compiled_launcher(_decode_down_loop_kernel if expert_loop else _decode_down_kernel,
-                             (col_tiles, token_tiles) if expert_loop else (col_tiles, slots, token_tiles), down_args,
-                             {**down_consts, "SLOTS_P2": next_pow2(slots)} if expert_loop else down_consts,
+    down = compiled_launcher(_decode_down_kernel, (col_tiles, slots, token_tiles), down_args, down_consts,
                              hints(num_warps, num_stages, pdl=pdl), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
-        up, down_args, out = launch_args(x, w1, w2, topk_weights, topk_ids)
+        up, down_args = launch_args(x, w1, w2, topk_weights, topk_ids)
         gate_up(*up)
         down(*down_args)
-        return out
+        return down_args[3]  # out
 
     return run

@@ -5,9 +5,8 @@ tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's red
 ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
 descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
 last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
-:func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and, on the decode path,
-``EXPERT_LOOP=True`` (GEMM 2 a program per column tile walking every selected expert). CPU knob: ``EXPERT_GROUP``
-(:mod:`.cpu`)."""
+:func:`wide_down_fits`) and ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows). CPU knob:
+``EXPERT_GROUP`` (:mod:`.cpu`)."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ def decode_block_m(M: int) -> int:
 
 
 def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory,
-    each without and with ``EXPERT_LOOP``."""
+    """Decode-path configs (none above :data:`DECODE_ROWS` rows): all tokens in a tile, pipelines in shared memory."""
     M = shape(spec)[0]
     if M > DECODE_ROWS:
         return []
@@ -117,9 +115,8 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
     # Triton's decode GEMM 1 took its pipeline and three float32 accumulator-sized tiles (262144 bytes for 64 x 128
     # x 128 in 2 stages, on the H100), GEMM 2 one. 8 warps only where each holds 16 accumulator rows.
     return [Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "BLOCK_N_DOWN": bnd,
-                    "DECODE": True, **({"EXPERT_LOOP": True} if loop else {})}, num_warps=warps, num_stages=stages)
-            for bn, bnd, bk, warps, stages, loop in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES,
-                                                                      (False, True))
+                    "DECODE": True}, num_warps=warps, num_stages=stages)
+            for bn, bnd, bk, warps, stages in itertools.product(DECODE_NS, DECODE_N_DOWNS, BLOCK_KS, WARPS, STAGES)
             if max(_smem(bm, bk, 2 * bn, stages) + 3 * bm * bn * 4, _smem(bm, bk, bnd, stages) + bm * bnd * 4)
             <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
 
@@ -129,8 +126,7 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
     64/32/128/4, the menu's best there."""
     tile, stages = ((64, 32, 128), 4) if shape(spec)[0] > 16 else ((32, 64, 128), 5)
     return max((c for c in decode_configs(spec) if c.hints["num_warps"] == 4 and c.hints["num_stages"] <= stages
-                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile
-                and not c.kwargs.get("EXPERT_LOOP")),
+                and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_N_DOWN"], c.kwargs["BLOCK_K"]) == tile),
                key=lambda c: c.hints["num_stages"])
 
 

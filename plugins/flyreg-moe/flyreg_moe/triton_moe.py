@@ -38,7 +38,7 @@ def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
                    TMA: bool = False, TAILS: int = 0, BLOCK_N_DOWN: int | None = None,
-                   DECODE: bool = False, EXPERT_LOOP: bool = False, num_warps: int | None = None,
+                   DECODE: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None, pdl: bool | None = None) -> Launch:
     """Launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for calls shaped like this one, with the knobs
     of :mod:`.space`, checked and compiled here: six launches (three of routing, two GEMMs, the top-k reduction) with
@@ -48,10 +48,9 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight
     tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's
     weights are 16-byte aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode`
-    on the BLOCK_ knobs, GEMM 2 a program per column tile over every selected expert where ``EXPERT_LOOP`` (the
-    others are checked and unused)."""
+    on the BLOCK_ knobs (the others are checked and unused)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE, EXPERT_LOOP)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     check_ids(topk_ids, E)
     bn_down, dtype, device = BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN, x.dtype, x.device
     pdl = resolve_pdl(device, pdl)  # each launch waits for the one before it, whose last programs it overlaps
@@ -59,7 +58,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
         return lambda x, w1, w2, topk_weights, topk_ids: torch.empty((0, K), dtype=dtype, device=device)
     if DECODE:
         return ids_checked(decode.bind_decode(x, w1, w2, topk_weights, topk_ids, shape, BLOCK_M, BLOCK_N, BLOCK_K,
-                                              bn_down, num_warps, num_stages, pdl, EXPERT_LOOP), E)
+                                              bn_down, num_warps, num_stages, pdl), E)
     P, k_tiles, reduce_block = M * topk, triton.cdiv(N, BLOCK_K), min(REDUCE_BLOCK, space.next_pow2(K))
     plan = routing.RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m, per_split = plan.tiles, triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))

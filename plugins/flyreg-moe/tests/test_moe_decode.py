@@ -26,20 +26,17 @@ GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K":
     ((7, 6, 40, 56, 3, "one"), 32, torch.float16),  # every pair to one expert: a token names it three times
     ((20, 4, 32, 48, 2, "skewed"), 16, torch.bfloat16),  # two token tiles; experts with no token
 ], ids=["one-token", "one-expert", "two-tiles"])
-# EXPERT_LOOP: GEMM 2 a program per column tile, walking every selected expert and writing out itself
-@pytest.mark.parametrize("loop", [False, True])
-def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype, loop: bool) -> None:
+def test_decode_path_matches_reference(case: tuple, down: int, dtype: torch.dtype) -> None:
     M, E, N, K, topk, routing = case
-    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M + loop)
-    out = triton_call(*args, **DECODE, BLOCK_N_DOWN=down, EXPERT_LOOP=loop)
+    args = call(M, E, N, K, topk, dtype, device=DEVICE, routing=routing, seed=M)
+    out = triton_call(*args, **DECODE, BLOCK_N_DOWN=down)
     assert out.shape == (M, K) and out.dtype == dtype
     assert rel_err(out, reference(*args)) < TOL[dtype]
 
 
 @needs_triton
-@pytest.mark.parametrize("loop", [False, True])
-def test_decode_launcher_serves_new_routings_and_drops_out_of_range_pairs(loop: bool) -> None:
-    run = triton_moe.bind_fused_moe(*call(5, 8, 32, 32, 2, device=DEVICE, seed=1), **DECODE, EXPERT_LOOP=loop)
+def test_decode_launcher_serves_new_routings_and_drops_out_of_range_pairs() -> None:
+    run = triton_moe.bind_fused_moe(*call(5, 8, 32, 32, 2, device=DEVICE, seed=1), **DECODE)
     x, w1, w2, tw, ids = call(5, 8, 32, 32, 2, device=DEVICE, routing="skewed", seed=2)
     assert rel_err(run(x, w1, w2, tw, ids), reference(x, w1, w2, tw, ids)) < TOL[torch.bfloat16]
     ids[2, 1] = 8  # out of range after the first call: that pair adds nothing
@@ -114,8 +111,7 @@ def test_gpu_decode_path_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
     configs = space.decode_configs(spec)
-    loop = [c for c in configs if c.kwargs.get("EXPERT_LOOP")]  # GEMM 2 walking every selected expert
-    picks = [space.decode_default(spec), configs[0], configs[-1], loop[0], loop[len(loop) // 2]]
+    picks = [space.decode_default(spec), configs[0], configs[-1]]
     for seed, config in enumerate(picks):
         args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda", seed=seed)
         out = triton_call(*args, **config.kwargs, **config.hints)
