@@ -180,6 +180,10 @@ def _key(m: Measurement) -> tuple[str, str, str]:
     return (m.op, json.dumps(m.device, sort_keys=True), spec_text(m.spec))
 
 
+def _toolchain(m: Measurement) -> dict[str, str]:
+    return {k: v for k, v in m.toolchain.items() if k != "inputs"}
+
+
 def _band(m: Measurement) -> Band:
     median = float(m.median_ms or 0.0)
     half = median * float(m.spread or 0.0) / 2
@@ -188,10 +192,11 @@ def _band(m: Measurement) -> Band:
 
 def _spec_result(rows: list[Measurement], default: Config | None, work: Work | None,
                  served: Served | None) -> SpecResult:
-    """One spec's rows (oldest first) as a result: only those of its latest toolchain and timing method."""
+    """One spec's rows (oldest first) as a result: only those of its latest toolchain and timing method (whether
+    a search's times ran over draws or copies, its ``inputs``, splits no search)."""
     last = rows[-1]
-    mode = last.timing.split(FINAL)[0]
-    current = [m for m in rows if m.toolchain == last.toolchain and m.timing.split(FINAL)[0] == mode]
+    mode, toolchain = last.timing.split(FINAL)[0], _toolchain(last)
+    current = [m for m in rows if _toolchain(m) == toolchain and m.timing.split(FINAL)[0] == mode]
     first = {m.config: m for m in current if FINAL not in m.timing}
     final = {m.config: m for m in current if FINAL in m.timing}
     bands = {c: _band(m) for c, m in {**first, **final}.items() if m.median_ms is not None}

@@ -302,36 +302,56 @@ class Evaluator:
         self.rejected.append((config, why))
         self._journal(self.mode, config, error=REJECTED + why)
 
+    def _context(self, timing: str, copies: bool = False) -> journal.Context:
+        """The journal's key of this search's measurements under ``timing`` (:attr:`machine` is set); with
+        ``copies``, where the op draws by seed, the key of times taken over copies of the call instead."""
+        assert self.machine is not None
+        ctx = self.machine.context(self.settings.op, self.spec, timing)
+        if copies and ctx.toolchain.get("inputs") == "draws":
+            ctx = attrs.evolve(ctx, toolchain={**ctx.toolchain, "inputs": "copies"})
+        return ctx
+
     def _journaled(self, timing: str) -> dict[Config, journal.Measurement]:
-        """What the journal holds under ``timing`` (read once a search); nothing unless resuming."""
+        """What the journal holds under ``timing`` (read once a search, and again if its inputs turn to copies);
+        nothing unless resuming. Failures come from the machine's own key (the inputs do not decide them), times
+        from the key of what this search's sets hold: where the op draws by seed, the draws', unless no time is
+        journaled there but some over copies (the draws did not fit before): then the copies', and so does this
+        search's record."""
         if self.machine is None or not self.settings.resume:
             return {}
-        if timing not in self._known:
+        key = f"{timing} {self.inputs}"
+        if key not in self._known:
             try:
-                known = journal.measured(self.machine.context(self.settings.op, self.spec, timing))
+                own, copies = self._context(timing), self._context(timing, copies=True)
+                known = journal.measured(own)
+                times = journal.measured(copies) if copies != own else known
+                if copies != own and (not self._drawn or (not any(not m.failed for m in known.values())
+                                                          and any(not m.failed for m in times.values()))):
+                    self._drawn = False  # the times this search ranks are over copies, as its record says
+                    known = {**{c: m for c, m in known.items() if m.failed},
+                             **{c: m for c, m in times.items() if not m.failed}}
+                    key = f"{timing} {self.inputs}"
                 if self.settings.retry_failed:  # only timings are reused: failures are tried again
                     known = {c: m for c, m in known.items() if not m.failed}
-                self._known[timing] = known
+                self._known[key] = known
             except (OSError, sqlite3.Error) as e:
                 warn_once(f"flyreg: could not read the tuning journal: {e}")
-                self._known[timing] = {}
-        return self._known[timing]
+                self._known[key] = {}
+        return self._known[key]
 
     def _journal(self, timing: str, config: Config, result: BenchResult | None = None,
                  error: str | None = None) -> None:
-        """Append one measurement; a journal that cannot be written warns once and the search goes on. Where the op
-        draws by seed but a timing so far held a copy of the call, under ``inputs: copies``: a resumed search, which
-        reads the draws' key, times it again rather than rank a copy's time as a draw's."""
+        """Append one measurement; a journal that cannot be written warns once and the search goes on. A time
+        goes under ``inputs: copies`` where the op draws by seed but this search's steady sets held none (a
+        resumed search then never ranks it as a draw's); a failure under the machine's own key."""
         if self.machine is None:
             return
-        ctx = self.machine.context(self.settings.op, self.spec, timing)
-        if not self._drawn and ctx.toolchain.get("inputs") == "draws":  # a set held a copy: so does this time's key
-            ctx = attrs.evolve(ctx, toolchain={**ctx.toolchain, "inputs": "copies"})
         try:
             if result is not None:
-                journal.record(ctx, config, median_ms=result.median, spread=result.spread, reps=result.reps)
+                journal.record(self._context(timing, copies=not self._drawn), config, median_ms=result.median,
+                               spread=result.spread, reps=result.reps)
             else:
-                journal.record(ctx, config, error=error)
+                journal.record(self._context(timing), config, error=error)
         except (OSError, sqlite3.Error) as e:
             warn_once(f"flyreg: could not write the tuning journal: {e}")
             self.machine = None

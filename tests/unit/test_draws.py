@@ -15,9 +15,9 @@ import torch
 from flyreg import Config
 from flyreg._core.results import BenchResult, TunerStats
 from flyreg._core.search_terms import SearchSettings
+from flyreg._search import journal
 from flyreg._search.candidates import Measured
 from flyreg._search.isolated_evaluator import IsolatedEvaluator
-from flyreg._search import journal
 from flyreg._search.journal import Machine
 from flyreg._search.steady import DRAWS, InputSet, copy_inputs, fill_from_draw, plan_sets, set_count
 from flyreg._search.timers import _filled
@@ -95,7 +95,10 @@ class _Worker:
         self.limits = SimpleNamespace(slowest=1.0)  # it has finished a config: no calibration first
 
     def measure(self, config: Any, **options: Any) -> Outcome:
-        return Outcome(config, Measured(BenchResult.of([1.0]), drawn=self.drawn.pop(0)), None)
+        drawn = self.drawn.pop(0)  # or the text of a failure
+        if isinstance(drawn, str):
+            return Outcome(config, None, drawn)
+        return Outcome(config, Measured(BenchResult.of([1.0]), drawn=drawn), None)
 
 
 @pytest.mark.parametrize(("drawn", "inputs"), [([True, True], "draws"), ([True, False], "copies"),
@@ -109,16 +112,30 @@ def test_an_isolated_search_records_draws_only_where_its_worker_timed_over_them(
     assert search.inputs == inputs
 
 
-@pytest.mark.parametrize(("drawn", "keys", "reused"), [([True, True], {"draws"}, 2),
-                                                        ([True, False, True], {"draws", "copies"}, 1)])
-def test_a_resumed_search_reuses_only_times_taken_over_draws(drawn: list, keys: set, reused: int) -> None:
-    # Times taken once a set held a copy are journaled under inputs "copies": resuming (the draws' key) times
-    # them again, so a copy's time never ranks, nor is recorded, as a draw's.
+@pytest.mark.parametrize(("first", "keys", "again", "reused", "inputs"), [
+    ([True, True], {"draws"}, [], 2, "draws"),
+    ([True, False], {"draws", "copies"}, [True], 1, "draws"),  # K=2's time, over copies, is taken again
+    ([False, False], {"copies"}, [], 2, "copies"),  # the draws never fit: the copies' times, and the record says so
+    ([False, "boom"], {"draws", "copies"}, [], 2, "copies"),  # a failure, under the machine's own key, stays one
+], ids=["draws", "one-copy", "never-draws", "failure"])
+def test_a_resumed_search_ranks_times_over_draws_apart_from_times_over_copies(first: list, keys: set, again: list,
+                                                                             reused: int, inputs: str) -> None:
     machine, configs = Machine({"name": "probe"}, {"inputs": "draws"}), [Config({"K": 1}), Config({"K": 2})]
     settings = attrs.evolve(SearchSettings.of("probe"), resume=True)
-    first = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker(drawn[:2]))
-    first(configs)
+    IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker(list(first)))(configs)
     assert {m.toolchain["inputs"] for m in journal.measurements("probe")} == keys
-    again = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker(drawn[2:]))
-    again(configs)
-    assert again.reused == reused and again.inputs == "draws"  # the one timed again held a draw this time
+    worker = _Worker(list(again))
+    search = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, worker)
+    search(configs)
+    assert worker.drawn == [] and search.inputs == inputs  # the worker timed exactly the configs not reused
+    assert search.reused + len(search.failed) == reused and len(search.failed) == first.count("boom")
+
+
+def test_the_report_shows_a_search_whole_whether_its_times_ran_over_draws_or_copies() -> None:
+    from flyreg._report.data import collect
+
+    machine, configs = Machine({"name": "probe"}, {"inputs": "draws"}), [Config({"K": 1}), Config({"K": 2})]
+    IsolatedEvaluator(SearchSettings.of("probe"), {"n": 1}, "cuda", TunerStats(), machine,
+                      _Worker([True, False]))(configs)  # K=2's time journaled under copies
+    (spec,) = collect(["probe"])[0].specs
+    assert set(spec.bands) == set(configs) and spec.superseded == 0
