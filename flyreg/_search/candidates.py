@@ -96,6 +96,7 @@ class Evaluator:
         self.mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
         # The op draws by seed; cleared once a steady timer could fill no set with a draw.
         self._drawn = machine is not None and machine.toolchain.get("inputs") == "draws"
+        self._last_drew = False  # whether the latest timing's steady sets held a draw (its journal key says so)
         self.timed: dict[Config, BenchResult] = {}
         self.failed: list[tuple[Config, str]] = []
         self.rejected: list[tuple[Config, str]] = []
@@ -196,7 +197,7 @@ class Evaluator:
                 del self.timed[config]
                 self.failed.append((config, str(m.error)))
             else:
-                self.timed[config] = result_of(m)
+                self.timed[config] = self._ranked(m)
                 final.add(config)
         out: dict[Config, float | None] = {}
         ready = self._ready(todo, out)
@@ -289,9 +290,15 @@ class Evaluator:
             else:
                 self.failed.append((config, m.error))
             return None
-        self.timed[config] = result_of(m)
+        self.timed[config] = self._ranked(m)
         self.reused += 1
         return m.median_ms
+
+    def _ranked(self, m: journal.Measurement) -> BenchResult:
+        """A journaled time this search ranks: one taken over copies where the op draws makes its record copies."""
+        if self.machine is not None and m.toolchain.get("inputs") != self.machine.toolchain.get("inputs"):
+            self._drawn = False
+        return result_of(m)
 
     def _fail(self, config: Config, why: str, timing: str) -> None:
         self.failed.append((config, why))
@@ -312,43 +319,36 @@ class Evaluator:
         return ctx
 
     def _journaled(self, timing: str) -> dict[Config, journal.Measurement]:
-        """What the journal holds under ``timing`` (read once a search, and again if its inputs turn to copies);
-        nothing unless resuming. Failures come from the machine's own key (the inputs do not decide them), times
-        from the key of what this search's sets hold: where the op draws by seed, the draws', unless no time is
-        journaled there but some over copies (the draws did not fit before): then the copies', and so does this
-        search's record."""
+        """What the journal holds under ``timing`` (read once a search); nothing unless resuming. Where the op draws
+        by seed, each config's latest row under either inputs (times over draws, or over copies of the call)."""
         if self.machine is None or not self.settings.resume:
             return {}
-        key = f"{timing} {self.inputs}"
-        if key not in self._known:
+        if timing not in self._known:
             try:
                 own, copies = self._context(timing), self._context(timing, copies=True)
                 known = journal.measured(own)
-                times = journal.measured(copies) if copies != own else known
-                if copies != own and (not self._drawn or (not any(not m.failed for m in known.values())
-                                                          and any(not m.failed for m in times.values()))):
-                    self._drawn = False  # the times this search ranks are over copies, as its record says
-                    known = {**{c: m for c, m in known.items() if m.failed},
-                             **{c: m for c, m in times.items() if not m.failed}}
-                    key = f"{timing} {self.inputs}"
+                for config, m in (journal.measured(copies) if copies != own else {}).items():
+                    if config not in known or m.created > known[config].created:
+                        known[config] = m
                 if self.settings.retry_failed:  # only timings are reused: failures are tried again
                     known = {c: m for c, m in known.items() if not m.failed}
-                self._known[key] = known
+                self._known[timing] = known
             except (OSError, sqlite3.Error) as e:
                 warn_once(f"flyreg: could not read the tuning journal: {e}")
-                self._known[key] = {}
-        return self._known[key]
+                self._known[timing] = {}
+        return self._known[timing]
 
     def _journal(self, timing: str, config: Config, result: BenchResult | None = None,
                  error: str | None = None) -> None:
-        """Append one measurement; a journal that cannot be written warns once and the search goes on. A time
-        goes under ``inputs: copies`` where the op draws by seed but this search's steady sets held none (a
-        resumed search then never ranks it as a draw's); a failure under the machine's own key."""
+        """Append one measurement; a journal that cannot be written warns once and the search goes on. Where the op
+        draws by seed, a steady time goes under ``inputs: copies`` unless its sets held a draw, so a search that
+        ranks it knows; anything else under the machine's own key."""
         if self.machine is None:
             return
         try:
             if result is not None:
-                journal.record(self._context(timing, copies=not self._drawn), config, median_ms=result.median,
+                copies = self.mode == "steady" and not self._last_drew  # the timing method keys the others apart
+                journal.record(self._context(timing, copies=copies), config, median_ms=result.median,
                                spread=result.spread, reps=result.reps)
             else:
                 journal.record(self._context(timing), config, error=error)

@@ -182,6 +182,7 @@ class InProcessEvaluator(Evaluator):
             try:
                 if self._timer is None:
                     self._timer = self._make_timer()
+                self._last_drew = self.mode == "steady" and self.timer_drew
                 return self._timer(launcher, scale)
             except (CaptureError, CandidateError):  # the search's to handle as they are
                 raise

@@ -98,4 +98,5 @@ class IsolatedEvaluator(Evaluator):
             raise CandidateError(str(measured.error))
         if measured.drawn is not None:  # the worker's timer says whether its sets held draws
             self._drawn = self._drawn and measured.drawn
+        self._last_drew = self.mode == "steady" and bool(measured.drawn)
         return measured.result

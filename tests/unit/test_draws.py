@@ -114,12 +114,13 @@ def test_an_isolated_search_records_draws_only_where_its_worker_timed_over_them(
 
 @pytest.mark.parametrize(("first", "keys", "again", "reused", "inputs"), [
     ([True, True], {"draws"}, [], 2, "draws"),
-    ([True, False], {"draws", "copies"}, [True], 1, "draws"),  # K=2's time, over copies, is taken again
-    ([False, False], {"copies"}, [], 2, "copies"),  # the draws never fit: the copies' times, and the record says so
+    ([True, False], {"draws", "copies"}, [], 2, "copies"),  # K=2's time, over copies, ranks: the record says so
+    ([False, False], {"copies"}, [], 2, "copies"),  # the draws never fit: each time is reused all the same
     ([False, "boom"], {"draws", "copies"}, [], 2, "copies"),  # a failure, under the machine's own key, stays one
-], ids=["draws", "one-copy", "never-draws", "failure"])
-def test_a_resumed_search_ranks_times_over_draws_apart_from_times_over_copies(first: list, keys: set, again: list,
-                                                                             reused: int, inputs: str) -> None:
+    ([None, None], {"copies"}, [], 2, "copies"),  # a worker that does not say files its times as copies
+], ids=["draws", "one-copy", "never-draws", "failure", "unsaid"])
+def test_a_resumed_search_knows_which_journaled_times_ran_over_draws(first: list, keys: set, again: list,
+                                                                      reused: int, inputs: str) -> None:
     machine, configs = Machine({"name": "probe"}, {"inputs": "draws"}), [Config({"K": 1}), Config({"K": 2})]
     settings = attrs.evolve(SearchSettings.of("probe"), resume=True)
     IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker(list(first)))(configs)
@@ -127,8 +128,20 @@ def test_a_resumed_search_ranks_times_over_draws_apart_from_times_over_copies(fi
     worker = _Worker(list(again))
     search = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, worker)
     search(configs)
-    assert worker.drawn == [] and search.inputs == inputs  # the worker timed exactly the configs not reused
+    assert worker.drawn == [] and search.inputs == inputs  # nothing timed again; the record as the ranked times
     assert search.reused + len(search.failed) == reused and len(search.failed) == first.count("boom")
+
+
+def test_a_resumed_search_reads_each_configs_latest_row_and_its_own_times_records_draws() -> None:
+    machine, settings = Machine({"name": "probe"}, {"inputs": "draws"}), attrs.evolve(SearchSettings.of("probe"),
+                                                                                      resume=True)
+    one, two, four = Config({"K": 1}), Config({"K": 2}), Config({"K": 4})
+    IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker([False, False]))([one, four])
+    ctx = machine.context("probe", {"n": 1}, "steady")
+    journal.record(ctx, one, error="failed later")  # under the draws' key, after one's time over copies
+    search = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker([True]))
+    search([one, two])  # four's time over copies is in the journal but not among these
+    assert search.failed == [(one, "failed later")] and search.reused == 0 and search.inputs == "draws"
 
 
 def test_the_report_shows_a_search_whole_whether_its_times_ran_over_draws_or_copies() -> None:
