@@ -325,11 +325,7 @@ class Evaluator:
             return {}
         if timing not in self._known:
             try:
-                own, copies = self._context(timing), self._context(timing, copies=True)
-                known = journal.measured(own)
-                for config, m in (journal.measured(copies) if copies != own else {}).items():
-                    if config not in known or m.created > known[config].created:
-                        known[config] = m
+                known = journal.measured(self._context(timing), self._context(timing, copies=True))
                 if self.settings.retry_failed:  # only timings are reused: failures are tried again
                     known = {c: m for c, m in known.items() if not m.failed}
                 self._known[timing] = known

@@ -205,9 +205,13 @@ def _select(where: str, params: tuple[Any, ...] = ()) -> list[Measurement]:
     return _valid(DB.read(f"SELECT {_READ} FROM measurements {where} ORDER BY id", params))
 
 
-def measured(ctx: Context) -> dict[Config, Measurement]:
-    """The latest measurement of each config already journaled under ``ctx`` (one indexed query)."""
-    rows = _select("WHERE op = ? AND spec = ? AND device = ? AND toolchain = ? AND timing = ?", ctx.key())
+def measured(ctx: Context, *others: Context) -> dict[Config, Measurement]:
+    """The latest measurement of each config already journaled under ``ctx``, or under any of ``others``, which
+    differ from it only in their toolchain (one indexed query; the row written last wins)."""
+    op, spec, device, toolchain, timing = ctx.key()
+    toolchains = list(dict.fromkeys([toolchain, *(o.key()[3] for o in others)]))
+    rows = _select(f"WHERE op = ? AND spec = ? AND device = ? AND toolchain IN ({', '.join('?' * len(toolchains))}) "
+                   "AND timing = ?", (op, spec, device, *toolchains, timing))
     return {m.config: m for m in rows}
 
 

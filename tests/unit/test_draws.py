@@ -101,8 +101,9 @@ class _Worker:
         return Outcome(config, Measured(BenchResult.of([1.0]), drawn=drawn), None)
 
 
+# A steady timing whose worker does not say (None) counts as one over copies.
 @pytest.mark.parametrize(("drawn", "inputs"), [([True, True], "draws"), ([True, False], "copies"),
-                                               ([None, True], "draws")])
+                                               ([None, True], "copies")])
 def test_an_isolated_search_records_draws_only_where_its_worker_timed_over_them(drawn: list, inputs: str) -> None:
     # The worker's timer knows whether a set held a draw; the record (made in the calling process) follows it.
     machine = Machine({"name": "probe"}, {"inputs": "draws"})  # the op draws by seed
@@ -132,12 +133,14 @@ def test_a_resumed_search_knows_which_journaled_times_ran_over_draws(first: list
     assert search.reused + len(search.failed) == reused and len(search.failed) == first.count("boom")
 
 
-def test_a_resumed_search_reads_each_configs_latest_row_and_its_own_times_records_draws() -> None:
+def test_a_resumed_search_reads_each_configs_latest_row_and_its_own_times_records_draws(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     machine, settings = Machine({"name": "probe"}, {"inputs": "draws"}), attrs.evolve(SearchSettings.of("probe"),
                                                                                       resume=True)
     one, two, four = Config({"K": 1}), Config({"K": 2}), Config({"K": 4})
     IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker([False, False]))([one, four])
     ctx = machine.context("probe", {"n": 1}, "steady")
+    monkeypatch.setattr(journal.time, "time", lambda: 1.0)  # a clock stepped back: the row written last still wins
     journal.record(ctx, one, error="failed later")  # under the draws' key, after one's time over copies
     search = IsolatedEvaluator(settings, {"n": 1}, "cuda", TunerStats(), machine, _Worker([True]))
     search([one, two])  # four's time over copies is in the journal but not among these
