@@ -94,7 +94,7 @@ class Evaluator:
                  machine: journal.Machine | None) -> None:
         self.settings, self.spec, self.device, self.stats, self.machine = settings, spec, device, stats, machine
         self.mode = settings.timing if device is not None and device_kind(device) == "cuda" else "cpu"
-        # The op draws by seed; cleared once a steady timer could fill no set with a draw.
+        # The op draws by seed, and every steady time ranked so far ran over draws (see _timed_over).
         self._drawn = machine is not None and machine.toolchain.get("inputs") == "draws"
         self._last_drew = False  # whether the latest timing's steady sets held a draw (its journal key says so)
         self.timed: dict[Config, BenchResult] = {}
@@ -293,6 +293,12 @@ class Evaluator:
         self.timed[config] = self._ranked(m)
         self.reused += 1
         return m.median_ms
+
+    def _timed_over(self, drew: bool) -> None:
+        """A subclass's timing is being taken; ``drew``: whether its steady sets hold a draw of the spec."""
+        self._last_drew = drew
+        if self.mode == "steady":
+            self._drawn = self._drawn and drew
 
     def _ranked(self, m: journal.Measurement) -> BenchResult:
         """A journaled time this search ranks: one taken over copies where the op draws makes its record copies."""

@@ -182,7 +182,7 @@ class InProcessEvaluator(Evaluator):
             try:
                 if self._timer is None:
                     self._timer = self._make_timer()
-                self._last_drew = self.mode == "steady" and self.timer_drew
+                self._timed_over(self.timer_drew)
                 return self._timer(launcher, scale)
             except (CaptureError, CandidateError):  # the search's to handle as they are
                 raise
@@ -198,7 +198,6 @@ class InProcessEvaluator(Evaluator):
         if mode == "steady":
             time_one, self.timer_drew = steady_timer(settings, list(self.launchers.values()), own, self.device,
                                                      in_place, self.draws)
-            self._drawn = self._drawn and self.timer_drew  # the times are over draws only where a set holds one
             return time_one
         return single_call_timer(settings, own, self.device if mode != "cpu" else "cpu", in_place, mode == "graph")
 

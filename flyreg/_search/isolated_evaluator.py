@@ -96,8 +96,5 @@ class IsolatedEvaluator(Evaluator):
             raise Rejected(str(measured.error))
         if measured.result is None:
             raise CandidateError(str(measured.error))
-        # the worker's steady timer says whether its sets held draws (one that does not say is taken as copies)
-        self._last_drew = self.mode == "steady" and bool(measured.drawn)
-        if self.mode == "steady":
-            self._drawn = self._drawn and self._last_drew
+        self._timed_over(bool(measured.drawn))  # the worker's steady timer says (one that does not: copies)
         return measured.result
