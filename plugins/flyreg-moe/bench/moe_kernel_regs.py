@@ -126,20 +126,28 @@ def describe(kernel: Any, arch: int) -> dict[str, Any]:
 
 
 def routing_counts(arch: int) -> list[dict[str, Any]]:
-    """The routing's offsets kernel (one program) for 16, 64 and 128 experts, without and with the tile table."""
+    """The routing kernel for 16, 64 and 128 experts (two chunks of pairs a program, 32-row runs): one launch without
+    the tile table, and reading the count launch's counts with it; and the count kernel."""
     from flyreg_moe import routing
 
-    fn, rows = routing._offsets_kernel, []
+    rows = []
     for e_p2 in (16, 64, 128):
-        row: dict[str, Any] = {"kernel": "offsets", "E_P2": e_p2}
+        row: dict[str, Any] = {"kernel": "route", "E_P2": e_p2}
+        span = 2 * routing.chunk_size(e_p2)
+        common = {"SPAN": span, "E_P2": e_p2, "HIST": min(routing.HIST_BLOCK, span), "PDL": arch >= 90}
         for name, table in (("base", False), ("variant", True)):
-            consts = {"E_P2": e_p2, "SCAN": routing.SCAN_ROWS, "LABEL": routing.LABEL_TILES, "TILE_TABLE": table,
-                      "TABLE_LABEL": routing.TABLE_TILES, "PDL": arch >= 90}
-            # COUNTS BLOCK_EXPERT ROWS_USED TABLE, then ints
-            row[name] = describe(compile_kernel(fn, ["*i32"] * 4 + ["i32"] * 4, consts, arch), arch)
+            consts = {**common, "CHUNK": routing.chunk_size(e_p2), "STEPS": 2, "COUNTED": table,
+                      "PROGRAMS_P2": routing.MAX_PROGRAMS, "PAD": 32, "LABEL": routing.LABEL_TILES,
+                      "TILE_TABLE": table, "TABLE_LABEL": routing.TABLE_TILES}
+            # IDS COUNTS SORTED BLOCK_EXPERT ROWS_USED TABLE, then ints
+            row[name] = describe(compile_kernel(routing._route_kernel, ["*i32"] * 6 + ["i32"] * 5, consts, arch,
+                                                routing.WARPS), arch)
+        row["count"] = describe(compile_kernel(routing._count_kernel, ["*i32"] * 2 + ["i32"] * 2, common, arch,
+                                               routing.WARPS), arch)
         rows.append(row)
-        print(f"offsets E_P2={e_p2}: {row['base']['regs']} regs {row['base']['spill_bytes']} B spilled, with the tile "
-              f"table {row['variant']['regs']} regs {row['variant']['spill_bytes']} B spilled", flush=True)
+        print(f"route E_P2={e_p2}: one launch {row['base']['regs']} regs {row['base']['spill_bytes']} B spilled, "
+              f"counted with the tile table {row['variant']['regs']} regs {row['variant']['spill_bytes']} B spilled, "
+              f"count {row['count']['regs']} regs {row['count']['spill_bytes']} B spilled", flush=True)
     return rows
 
 
@@ -204,7 +212,7 @@ def main() -> None:
     what.add_argument("--spec", help="E,K,N,topk,M: the binaries of this spec's pruned space")
     what.add_argument("--tile", help="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages,K,N: one binary a GEMM")
     what.add_argument("--routing", action="store_true",
-                      help="the routing's offsets kernel, with the tile table as variant")
+                      help="the routing kernels (one launch; counted, with the tile table)")
     what.add_argument("--decode", action="store_true", help="the decode kernels of the shipped decode configs")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads, no tails and GEMM 2 as wide as GEMM 1: TMA "

@@ -3,7 +3,7 @@
 Per model shape and M bucket, the config lookup serves is bound once and called ``--calls`` times per input set
 under ``torch.profiler`` (CUDA activity), the calls cycling through ``--sets`` input sets of their own routing
 (one copy of the weights), so a call rarely finds its experts' weights in L2. Kernel times are summed by kernel and
-divided by the calls: routing (count, offsets, scatter), GEMM 1, GEMM 2 and the top-k reduction (the decode
+divided by the calls: routing, GEMM 1, GEMM 2 and the top-k reduction (the decode
 path's two kernels count as the GEMMs, its GEMM 2 summing the pairs). Each GEMM is also given in TFLOP/s over
 the real pairs (GEMM 1 4 * P * N * K flops, GEMM 2 2 * P * N * K, P = M * topk), beside cuBLAS
 (``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N] and [P, N] x [N, K]), timed as
@@ -35,9 +35,8 @@ from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 from flyreg_moe_bench.moe_bench import copy_bandwidth, distinct_experts, routed, time_ms
 
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
-STAGES = {"_count_kernel": "routing", "_offsets_kernel": "routing", "_scatter_kernel": "routing",
-          "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2", "_reduce_kernel": "reduce",
-          "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2"}
+STAGES = {"_count_kernel": "routing", "_route_kernel": "routing", "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2",
+          "_reduce_kernel": "reduce", "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2"}
 
 
 def stage_of(kernel: str) -> str:

@@ -209,19 +209,20 @@ def _down_tile(H, W2, Y, SORTED, BLOCK_EXPERT, TOPK_W, pid_m, pid_n, split, star
 
 
 @triton.jit(do_not_specialize=["M", "topk", "splits", "E"])
-def _reduce_kernel(Y, IDS, OUT, M, topk, splits, E, K, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _reduce_kernel(Y, IDS, OUT, M, topk, splits, E, K, BLOCK: tl.constexpr, TOPK_P2: tl.constexpr,
+                   PDL: tl.constexpr = False):
     dependent_start(PDL)
-    # out[m] = sum over the token's routed pairs and the splits of y, in float32 (a pair whose expert
-    # is out of range was never computed: it adds nothing).
+    # out[m] = sum over the token's routed pairs and the splits of y, in float32, every pair's row loaded at once
+    # (a pair whose expert is out of range was never computed: it adds nothing).
     m = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < K
+    j = tl.arange(0, TOPK_P2)
+    e = tl.load(IDS + m * topk + j, mask=j < topk, other=-1)
+    routed = (j < topk) & (e >= 0) & (e < E)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in range(0, topk):
-        e = tl.load(IDS + m * topk + j)
-        routed = (e >= 0) & (e < E)
-        for s in range(0, splits):
-            row = (s * M * topk + m * topk + j) * K
-            y = tl.load(Y + row + cols, mask=ok, other=0.0).to(tl.float32)
-            acc += tl.where(routed, y, 0.0)
+    for s in range(0, splits):
+        rows = (s * M * topk + m * topk + j) * K
+        y = tl.load(Y + rows[:, None] + cols[None, :], mask=routed[:, None] & ok[None, :], other=0.0)
+        acc += tl.sum(y.to(tl.float32), axis=0)
     tl.store(OUT + m * K + cols, acc.to(OUT.dtype.element_ty), mask=ok)

@@ -41,7 +41,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                    DECODE: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None, pdl: bool | None = None) -> Launch:
     """Launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for calls shaped like this one, with the knobs
-    of :mod:`.space`, checked and compiled here: six launches (three of routing, two GEMMs, the top-k reduction) with
+    of :mod:`.space`, checked and compiled here: four launches (the routing, two GEMMs, the top-k reduction) with
     grids from the shapes alone and no waits on the host, so a CUDA graph can capture a call. Each is a programmatic
     dependent where ``pdl`` (default: where :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the
     first waits for the launch queued before the call, which must itself have waited if it was one. The ids' values are
@@ -94,7 +94,8 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     if tma:
         launchers[True] = gemms(True, *_weight_descriptors(w1, w2, BLOCK_N, bn_down, BLOCK_K))
     reduce = compiled_launcher(gk._reduce_kernel, (M, triton.cdiv(K, reduce_block)), reduced,
-                               {"BLOCK": reduce_block, "PDL": pdl}, hints(num_warps=4, pdl=pdl), device)
+                               {"BLOCK": reduce_block, "TOPK_P2": space.next_pow2(topk), "PDL": pdl},
+                               hints(num_warps=4, pdl=pdl), device)
 
     def run(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:

@@ -123,6 +123,44 @@ def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int) -> No
 
 
 @needs_triton
+@pytest.mark.parametrize(("most_programs", "tails", "one_launch"), [(64, 0, True), (4, 0, True), (4, 1, True),
+                                                                   (64, 0, False), (4, 1, False)])
+def test_routing_sorts_each_experts_pairs_in_pair_order_from_any_program(most_programs: int, tails: int,
+                                                                          one_launch: bool, monkeypatch) -> None:
+    # 200 experts: up to 64 pairs a chunk. At most 64 programs: 44 chunks of 16 pairs, one a program; at most 4: 11
+    # chunks of 64, 3 a program. Some pairs name no expert in range. Counted by each program itself (one launch), or
+    # by a launch of their own.
+    from flyreg_moe import routing
+
+    monkeypatch.setattr(routing, "MAX_PROGRAMS", most_programs)
+    monkeypatch.setattr(routing, "ONE_LAUNCH_PAIRS", 700 if one_launch else 699)
+    E, P, block_m = 200, 700, 32
+    g = torch.Generator().manual_seed(most_programs + tails)
+    ids = torch.randint(0, E // 4, (P,), generator=g, dtype=torch.int32) * 4  # 50 experts, about 14 pairs each
+    ids[torch.randperm(P, generator=g)[:9]] = torch.tensor([-1, E, E + 50, -7, E, -1, E + 1, 2 ** 30, -2 ** 30],
+                                                           dtype=torch.int32)
+    plan = routing.RoutingPlan.of(P, E, block_m, tails)
+    assert (plan.chunk, plan.steps, plan.programs) == ((16, 1, 44) if most_programs == 64 else (64, 3, 4))
+    assert plan.counted is not one_launch
+    views = plan.workspace(DEVICE)
+    ids = ids.to(DEVICE)
+    plan.launcher(ids, views)(ids, views)
+    align, want, tile_experts = block_m >> tails, [], []
+    for e in range(E):
+        run = [p for p in range(P) if int(ids[p]) == e]
+        padded = -(-len(run) // align) * align
+        want += run + [P] * (padded - len(run))
+        tile_experts += [e] * -(-padded // block_m)
+    used = len(want)
+    assert views.sorted_ids[:used].cpu().tolist() == want
+    if tails:
+        assert int(views.table[0]) == len(tile_experts)
+    else:
+        assert int(views.used[0]) == used
+    assert views.block_expert[:len(tile_experts)].cpu().tolist() == tile_experts
+
+
+@needs_triton
 def test_tail_tiles_of_every_size_match_reference() -> None:
     # 64-row tiles whose experts' last tiles take the full, half and quarter paths; GEMM 2 split too.
     topk, E, N, K = 2, len(TAIL_COUNTS), 24, 32
@@ -265,8 +303,8 @@ def test_dependent_launches_where_unsupported_are_an_error(decode: bool) -> None
 
 
 @needs_triton
-@pytest.mark.parametrize(("decode", "launches"), [(False, 6), (True, 2)])
-def test_every_dependent_launch_waits_in_its_kernel(decode: bool, launches: int, monkeypatch) -> None:
+@pytest.mark.parametrize(("decode", "launches", "counted"), [(False, 4, False), (False, 5, True), (True, 2, False)])
+def test_every_dependent_launch_waits_in_its_kernel(decode: bool, launches: int, counted: bool, monkeypatch) -> None:
     """A launch marked ``launch_pdl`` whose kernel skipped its wait could read what the launch before is still
     writing: every launch of a call takes the PDL constexpr and the hint together, or neither."""
     from flyreg_moe import decode as decode_path
@@ -280,6 +318,7 @@ def test_every_dependent_launch_waits_in_its_kernel(decode: bool, launches: int,
 
     for module in (triton_moe, routing, decode_path):
         monkeypatch.setattr(module, "compiled_launcher", record)
+    monkeypatch.setattr(routing, "ONE_LAUNCH_PAIRS", 0 if counted else routing.ONE_LAUNCH_PAIRS)  # counts launched
     args = call(3, 4, 32, 32, 2)
     for pdl in (True, False):
         bound.clear()
