@@ -126,19 +126,19 @@ def describe(kernel: Any, arch: int) -> dict[str, Any]:
 
 
 def routing_counts(arch: int) -> list[dict[str, Any]]:
-    """The routing kernel for 16, 64 and 128 experts (two chunks of pairs a program, 32-row runs): one launch without
-    the tile table, and reading the count launch's counts with it; and the count kernel."""
+    """The routing kernel for 16, 64, 128 and 512 experts (two chunks of pairs a program): one launch without the tile
+    table (128-row runs), and reading the count launch's counts with it (64-row runs); and the count kernel."""
     from flyreg_moe import routing
 
     rows = []
-    for e_p2 in (16, 64, 128):
+    for e_p2 in (16, 64, 128, 512):
         row: dict[str, Any] = {"kernel": "route", "E_P2": e_p2}
         span = 2 * routing.chunk_size(e_p2)
         common = {"SPAN": span, "E_P2": e_p2, "HIST": min(routing.HIST_BLOCK, span), "PDL": arch >= 90}
         for name, table in (("base", False), ("variant", True)):
             consts = {**common, "CHUNK": routing.chunk_size(e_p2), "STEPS": 2, "COUNTED": table,
-                      "PROGRAMS_P2": routing.MAX_PROGRAMS, "PAD": 32, "LABEL": routing.LABEL_TILES,
-                      "TILE_TABLE": table, "TABLE_LABEL": routing.TABLE_TILES}
+                      "PROGRAMS_P2": routing.MAX_PROGRAMS, "PAD": routing.pad_step(e_p2, 64 if table else 128),
+                      "LABEL": routing.LABEL_TILES, "TILE_TABLE": table, "TABLE_LABEL": routing.TABLE_TILES}
             # IDS COUNTS SORTED BLOCK_EXPERT ROWS_USED TABLE, then ints
             row[name] = describe(compile_kernel(routing._route_kernel, ["*i32"] * 6 + ["i32"] * 5, consts, arch,
                                                 routing.WARPS), arch)

@@ -31,13 +31,21 @@ from .space import next_pow2
 ONE_HOT_ELEMS = 16384  #: Elements of a chunk's one-hot tile (CHUNK pairs x next_pow2(E) experts).
 MAX_PROGRAMS = 64  #: Routing programs at most (a power of two).
 #: Pairs up to which the routing is one launch, each program counting every id; above, a first launch counts each
-#: program's span and the routing reads those counts (on an H100 one launch read 1.5 % slower at 65536 pairs).
+#: program's span and the routing reads those counts. On an H100 one launch won at 8192 pairs and read 1.5 % slower
+#: at 65536; sizes between were not measured.
 ONE_LAUNCH_PAIRS = 8192
 HIST_BLOCK = 4096  #: Ids a routing program counts a step, at most.
+PAD_ELEMS = 4096  #: Elements of the [experts, slots] tile a routing program fills padding with a step, at most.
 WARPS = 8  #: Warps of a routing program: at 4, a 1024-pair chunk's one-hot tile spilled with the tile table.
 #: Row tiles a program labels at once, and those it writes the tile table for at once, the tiles spread over the
 #: programs (on an H100 256 a step, all in one program at Qwen3's M = 64 to 512, read 2 to 2.5 % slower on whole calls).
 LABEL_TILES, TABLE_TILES = 32, 32
+
+
+def pad_step(e_p2: int, align: int) -> int:
+    """Padding slots of each expert's run a routing program fills a step: [e_p2, step] at most
+    :data:`PAD_ELEMS` elements (a power of two, at most the alignment's)."""
+    return max(1, min(next_pow2(align), PAD_ELEMS // e_p2))
 
 
 def chunk_size(E: int) -> int:
@@ -112,7 +120,8 @@ class RoutingPlan:
         launches.append(compiled_launcher(
             _route_kernel, (self.programs,), routed,
             {**consts, "CHUNK": self.chunk, "STEPS": self.steps, "COUNTED": self.counted,
-             "PROGRAMS_P2": MAX_PROGRAMS, "PAD": next_pow2(align), "LABEL": LABEL_TILES, "TILE_TABLE": self.tails > 0,
+             "PROGRAMS_P2": MAX_PROGRAMS, "PAD": pad_step(self.e_p2, align), "LABEL": LABEL_TILES,
+             "TILE_TABLE": self.tails > 0,
              "TABLE_LABEL": TABLE_TILES}, launch_hints, device))
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:
@@ -133,6 +142,14 @@ def _one_hot(IDS, c, P, E, CHUNK: tl.constexpr, E_P2: tl.constexpr):
 
 
 @triton.jit
+def _histogram(ids, ok, E_P2: tl.constexpr):
+    # The ids counted by expert where ok: the others are counted as expert 0, then taken off (tl.histogram takes a
+    # mask only from Triton 3.4).
+    first = tl.arange(0, E_P2) == 0
+    return tl.histogram(tl.where(ok, ids, 0), E_P2) - tl.where(first, tl.sum((~ok).to(tl.int32), axis=0), 0)
+
+
+@triton.jit
 def _histograms(IDS, lo, hi, split, E, E_P2: tl.constexpr, HIST: tl.constexpr):
     # Pairs [lo, hi) counted by expert, and those of them before split (a pair out of range counts nowhere).
     counts = tl.zeros([E_P2], dtype=tl.int32)
@@ -141,9 +158,8 @@ def _histograms(IDS, lo, hi, split, E, E_P2: tl.constexpr, HIST: tl.constexpr):
         p = p0 + tl.arange(0, HIST)
         ids = tl.load(IDS + p, mask=p < hi, other=-1).to(tl.int32)
         ok = (ids >= 0) & (ids < E)
-        ids = tl.where(ok, ids, 0)
-        counts += tl.histogram(ids, E_P2, mask=ok)
-        before += tl.histogram(ids, E_P2, mask=ok & (p < split))
+        counts += _histogram(ids, ok, E_P2)
+        before += _histogram(ids, ok & (p < split), E_P2)
     return counts, before
 
 
@@ -182,10 +198,11 @@ def _route_kernel(IDS, COUNTS, SORTED, BLOCK_EXPERT, ROWS_USED, TABLE, P, E, til
         slot = tl.sum(hot * (tl.cumsum(hot, axis=0) + base[None, :]), axis=1) - 1
         tl.store(SORTED + slot, pairs, mask=ids < E_P2)
         base += tl.sum(hot, axis=0)
-    # The sentinel P in the padding of its share of the runs (experts e = g mod programs).
-    pad = (starts + total)[:, None] + tl.arange(0, PAD)[None, :]
-    tl.store(SORTED + pad, tl.full([E_P2, PAD], 0, tl.int32) + P,
-             mask=(e % programs == g)[:, None] & (pad < ends[:, None]))
+    # The sentinel P in the padding of its share of the runs (experts e = g mod programs), PAD slots a step.
+    for j0 in range(0, align, PAD):
+        pad = (starts + total + j0)[:, None] + tl.arange(0, PAD)[None, :]
+        tl.store(SORTED + pad, tl.full([E_P2, PAD], 0, tl.int32) + P,
+                 mask=(e % programs == g)[:, None] & (pad < ends[:, None]))
     if g == 0:
         tl.store(ROWS_USED, tl.sum(padded, axis=0))
     if TILE_TABLE:

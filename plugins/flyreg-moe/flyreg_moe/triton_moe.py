@@ -41,8 +41,9 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                    DECODE: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None, pdl: bool | None = None) -> Launch:
     """Launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for calls shaped like this one, with the knobs
-    of :mod:`.space`, checked and compiled here: four launches (the routing, two GEMMs, the top-k reduction) with
-    grids from the shapes alone and no waits on the host, so a CUDA graph can capture a call. Each is a programmatic
+    of :mod:`.space`, checked and compiled here: four launches (the routing, two GEMMs, the top-k reduction; five where
+    the routing counts in a launch of its own) with grids from the shapes alone and no waits on the host, so a CUDA
+    graph can capture a call. Each is a programmatic
     dependent where ``pdl`` (default: where :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the
     first waits for the launch queued before the call, which must itself have waited if it was one. The ids' values are
     checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight

@@ -161,6 +161,28 @@ def test_routing_sorts_each_experts_pairs_in_pair_order_from_any_program(most_pr
 
 
 @needs_triton
+@pytest.mark.parametrize("counted", [False, True], ids=["one-launch", "counted"])
+def test_grouped_path_drops_pairs_out_of_range_on_later_calls(counted: bool, monkeypatch) -> None:
+    # Tails, a split GEMM 2 and several routing programs (at most 2, 16-pair chunks), with the routing counted in its
+    # own launch or not; pairs out of range after binding add nothing, through the GEMMs and the reduction.
+    from flyreg_moe import routing
+
+    monkeypatch.setattr(routing, "MAX_PROGRAMS", 2)
+    monkeypatch.setattr(routing, "ONE_LAUNCH_PAIRS", 0 if counted else 10 ** 6)
+    knobs = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": 2, "TAILS": 1}
+    run = triton_moe.bind_fused_moe(*call(24, 4, 32, 32, 3, device=DEVICE, seed=5), **knobs)
+    x, w1, w2, tw, ids = call(24, 4, 32, 32, 3, device=DEVICE, routing="skewed", seed=6)
+    assert rel_err(run(x, w1, w2, tw, ids), reference(x, w1, w2, tw, ids)) < TOL[torch.bfloat16]
+    gone = torch.zeros_like(ids, dtype=torch.bool)
+    gone[::5, 1], gone[3, :] = True, True  # a pair of every fifth token, and all of token 3
+    bad = torch.where(gone, torch.where(torch.arange(ids.numel()).view_as(ids) % 2 == 0, 4, -1), ids)
+    out = run(x, w1, w2, tw, bad.to(ids.dtype))
+    assert rel_err(out, reference(x, w1, w2, torch.where(gone, 0.0, tw), torch.where(gone, 0, ids))) < TOL[
+        torch.bfloat16]
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+
+
+@needs_triton
 def test_tail_tiles_of_every_size_match_reference() -> None:
     # 64-row tiles whose experts' last tiles take the full, half and quarter paths; GEMM 2 split too.
     topk, E, N, K = 2, len(TAIL_COUNTS), 24, 32
