@@ -96,12 +96,15 @@ def _routed(counts: list[int], topk: int, seed: int) -> torch.Tensor:
 
 
 @needs_triton
-@pytest.mark.parametrize("tails", [1, 2])
-def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int) -> None:
-    from flyreg_moe.routing import RoutingPlan
+@pytest.mark.parametrize(("tails", "counted"), [(1, False), (2, False), (2, True)])
+def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int, counted: bool, monkeypatch) -> None:
+    from flyreg_moe import routing
 
+    monkeypatch.setattr(routing, "MAX_PROGRAMS", 4)  # 260 pairs over 4 programs of 128-pair chunks, or counted apart
+    monkeypatch.setattr(routing, "ONE_LAUNCH_PAIRS", 0 if counted else routing.ONE_LAUNCH_PAIRS)
     ids = _routed(TAIL_COUNTS, 2, seed=12).to(DEVICE).view(-1)
-    plan = RoutingPlan.of(len(ids), len(TAIL_COUNTS), 64, tails)
+    plan = routing.RoutingPlan.of(len(ids), len(TAIL_COUNTS), 64, tails)
+    assert plan.programs == 3 and plan.counted is counted
     views = plan.workspace(ids.device)
     plan.launcher(ids, views)(ids, views)
     table, experts, slots = views.table.cpu(), views.block_expert.cpu(), views.sorted_ids.cpu()
@@ -123,24 +126,27 @@ def test_tile_table_cuts_each_run_into_full_tiles_and_one_tail(tails: int) -> No
 
 
 @needs_triton
-@pytest.mark.parametrize(("most_programs", "tails", "one_launch"), [(64, 0, True), (4, 0, True), (4, 1, True),
-                                                                   (64, 0, False), (4, 1, False)])
+@pytest.mark.parametrize(("most_programs", "tails", "one_launch", "E"), [
+    (64, 0, True, 200), (4, 0, True, 200), (4, 1, True, 200), (64, 0, False, 200), (4, 1, False, 200),
+    (64, 0, True, 1500), (4, 1, False, 1500)])
 def test_routing_sorts_each_experts_pairs_in_pair_order_from_any_program(most_programs: int, tails: int,
-                                                                          one_launch: bool, monkeypatch) -> None:
+                                                                          one_launch: bool, E: int,
+                                                                          monkeypatch) -> None:
     # 200 experts: up to 64 pairs a chunk. At most 64 programs: 44 chunks of 16 pairs, one a program; at most 4: 11
-    # chunks of 64, 3 a program. Some pairs name no expert in range. Counted by each program itself (one launch), or
-    # by a launch of their own.
+    # chunks of 64, 3 a program. 1500 experts (2048 counted at once): 16-pair chunks. Some pairs name no expert in
+    # range. Counted by each program itself (one launch), or by a launch of their own.
     from flyreg_moe import routing
 
     monkeypatch.setattr(routing, "MAX_PROGRAMS", most_programs)
     monkeypatch.setattr(routing, "ONE_LAUNCH_PAIRS", 700 if one_launch else 699)
-    E, P, block_m = 200, 700, 32
+    P, block_m = 700, 32
     g = torch.Generator().manual_seed(most_programs + tails)
     ids = torch.randint(0, E // 4, (P,), generator=g, dtype=torch.int32) * 4  # 50 experts, about 14 pairs each
     ids[torch.randperm(P, generator=g)[:9]] = torch.tensor([-1, E, E + 50, -7, E, -1, E + 1, 2 ** 30, -2 ** 30],
                                                            dtype=torch.int32)
     plan = routing.RoutingPlan.of(P, E, block_m, tails)
-    assert (plan.chunk, plan.steps, plan.programs) == ((16, 1, 44) if most_programs == 64 else (64, 3, 4))
+    assert (plan.chunk, plan.steps, plan.programs) == (
+        (16, 1, 44) if most_programs == 64 else (16, 11, 4) if E > 1024 else (64, 3, 4))
     assert plan.counted is not one_launch
     views = plan.workspace(DEVICE)
     ids = ids.to(DEVICE)
