@@ -115,18 +115,19 @@ class RoutingPlan:
                      self.block_m))
 
         counted, routed = launch_args(ids, views)
-        launches = [compiled_launcher(_count_kernel, (self.programs,), counted, consts, launch_hints, device)
-                    ] if self.counted else []
-        launches.append(compiled_launcher(
+        count = compiled_launcher(_count_kernel, (self.programs,), counted, consts, launch_hints,
+                                  device) if self.counted else None
+        place = compiled_launcher(
             _route_kernel, (self.programs,), routed,
             {**consts, "CHUNK": self.chunk, "STEPS": self.steps, "COUNTED": self.counted,
              "PROGRAMS_P2": MAX_PROGRAMS, "PAD": pad_step(self.e_p2, align), "LABEL": LABEL_TILES,
-             "TILE_TABLE": self.tails > 0,
-             "TABLE_LABEL": TABLE_TILES}, launch_hints, device))
+             "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, launch_hints, device)
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:
-            for launch, args in zip(launches, launch_args(ids, v)[2 - len(launches):]):
-                launch(*args)
+            counted, routed = launch_args(ids, v)
+            if count is not None:
+                count(*counted)
+            place(*routed)
 
         return route
 

@@ -43,13 +43,13 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     """Launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for calls shaped like this one, with the knobs
     of :mod:`.space`, checked and compiled here: four launches (the routing, two GEMMs, the top-k reduction; five where
     the routing counts in a launch of its own) with grids from the shapes alone and no waits on the host, so a CUDA
-    graph can capture a call. Each is a programmatic
-    dependent where ``pdl`` (default: where :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the
-    first waits for the launch queued before the call, which must itself have waited if it was one. The ids' values are
-    checked here, and on every call with ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight
-    tiles by descriptors where :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's
-    weights are 16-byte aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode`
-    on the BLOCK_ knobs (the others are checked and unused)."""
+    graph can capture a call. Each is a programmatic dependent where ``pdl`` (default: where
+    :func:`flyreg.triton.pdl_supported`; True elsewhere is a ValueError): the first waits for the launch queued before
+    the call, which must itself have waited if it was one. The ids' values are checked here, and on every call with
+    ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight tiles by descriptors where
+    :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's weights are 16-byte
+    aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode` on the BLOCK_ knobs
+    (the others are checked and unused)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
     check_ids(topk_ids, E)
