@@ -131,9 +131,11 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
 
 
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
-    """Candidate configs for ``spec`` within shared memory, registers and rows an expert, and :func:`decode_configs`."""
+    """Candidate configs for ``spec`` within shared memory and registers, row tiles up to twice the rows an expert
+    gets on average (so one tile holds an expert above its average: its weights read once), and
+    :func:`decode_configs`."""
     (_, E, N, K, _), r = shape(spec), rows_per_expert(spec)
-    max_bm, groups, out = max(BLOCK_MS[0], next_pow2(r)), _groups(spec), []
+    max_bm, groups, out = max(BLOCK_MS[0], 2 * next_pow2(r)), _groups(spec), []
     tmas = (False, True) if tma_fits(E, N, K) else (False,)
     for bm, bn, bk, warps, stages in itertools.product(BLOCK_MS, BLOCK_NS, BLOCK_KS, WARPS, STAGES):
         if (bm > max_bm or _smem(bm, bk, 2 * bn, stages) > SMEM_BYTES or 2 * bm * bn > MAX_ACC_PER_THREAD * 32 * warps

@@ -108,6 +108,17 @@ def test_tail_tiles_are_offered_where_an_expert_fills_a_tile() -> None:
     assert space.triton_default(spec).kwargs["TAILS"] == 2
 
 
+@pytest.mark.parametrize(("M", "tiles"), [(32, {16}), (64, {16, 32}), (128, {16, 32, 64}), (256, {16, 32, 64, 128}),
+                                          (4096, {16, 32, 64, 128})])
+def test_row_tiles_reach_twice_the_rows_an_expert_gets(M: int, tiles: set[int]) -> None:
+    spec = {"E": 8, "K": 4096, "N": 14336, "topk": 2, "M": M}  # M / 4 rows an expert on average
+    grouped = [c for c in space.triton_configs(spec) if not c.kwargs.get("DECODE")]
+    assert {c.kwargs["BLOCK_M"] for c in grouped} == tiles
+    # A tile taller than an expert's rows never takes tails (its expert does not fill it).
+    r = space.rows_per_expert(spec)
+    assert all(c.kwargs.get("TAILS", 0) == 0 for c in grouped if c.kwargs["BLOCK_M"] > r)
+
+
 @pytest.mark.parametrize("M", [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192])
 @pytest.mark.parametrize("shape", ["Mixtral-8x7B", "Qwen3-30B-A3B", "DeepSeek-V2-Lite", "gpt-oss-20b"])
 def test_the_default_takes_tma_and_tails_above_16_rows_an_expert(shape: str, M: int) -> None:
