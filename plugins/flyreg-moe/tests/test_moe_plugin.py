@@ -108,7 +108,7 @@ def test_tail_tiles_are_offered_where_an_expert_fills_a_tile() -> None:
     assert space.triton_default(spec).kwargs["TAILS"] == 2
 
 
-@pytest.mark.parametrize(("M", "tiles"), [(32, {16}), (64, {16, 32}), (128, {16, 32, 64}), (256, {16, 32, 64, 128}),
+@pytest.mark.parametrize(("M", "tiles"), [(16, {16}), (32, {16}), (64, {16, 32}), (128, {16, 32, 64}), (256, {16, 32, 64, 128}),
                                           (4096, {16, 32, 64, 128})])
 def test_row_tiles_reach_twice_the_rows_an_expert_gets(M: int, tiles: set[int]) -> None:
     spec = {"E": 8, "K": 4096, "N": 14336, "topk": 2, "M": M}  # M / 4 rows an expert on average
