@@ -114,20 +114,20 @@ class RoutingPlan:
                     (ids, v.counts, v.sorted_ids, v.block_expert, v.used, v.table, self.P, self.E, self.tiles, align,
                      self.block_m))
 
-        counted, routed = launch_args(ids, views)
-        count = compiled_launcher(_count_kernel, (self.programs,), counted, consts, launch_hints,
+        count_args, route_args = launch_args(ids, views)
+        count = compiled_launcher(_count_kernel, (self.programs,), count_args, consts, launch_hints,
                                   device) if self.counted else None
         place = compiled_launcher(
-            _route_kernel, (self.programs,), routed,
+            _route_kernel, (self.programs,), route_args,
             {**consts, "CHUNK": self.chunk, "STEPS": self.steps, "COUNTED": self.counted,
              "PROGRAMS_P2": MAX_PROGRAMS, "PAD": pad_step(self.e_p2, align), "LABEL": LABEL_TILES,
              "TILE_TABLE": self.tails > 0, "TABLE_LABEL": TABLE_TILES}, launch_hints, device)
 
         def route(ids: torch.Tensor, v: RoutingViews) -> None:
-            counted, routed = launch_args(ids, v)
+            count_args, route_args = launch_args(ids, v)
             if count is not None:
-                count(*counted)
-            place(*routed)
+                count(*count_args)
+            place(*route_args)
 
         return route
 
