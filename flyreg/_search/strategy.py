@@ -30,7 +30,7 @@ QUICK_SHARE = 0.15
 @attrs.frozen
 class Budget:
     """Limits of one spec's search: configs timed at most, wall seconds at most (None: no limit) counted from
-    ``started`` (a :func:`time.monotonic` instant; None: the strategy's start), and the seed.
+    ``started`` (a ``clock`` instant; None: the strategy's start), and the seed.
 
     ``reserve()`` is the time the strategy leaves for what follows it (the final round) out of the seconds.
     """
@@ -40,6 +40,7 @@ class Budget:
     seed: int = 0
     started: float | None = None
     reserve: Callable[[], float] | None = None
+    clock: Callable[[], float] = time.monotonic
 
     def __attrs_post_init__(self) -> None:
         if self.max_evals is not None and (isinstance(self.max_evals, bool) or self.max_evals < 1):
@@ -68,7 +69,7 @@ class _Meter:
     def __init__(self, evaluate: Evaluate, budget: Budget) -> None:
         self.evaluate, self.budget = evaluate, budget
         self.times: Times = {}
-        started = budget.started if budget.started is not None else time.monotonic()
+        started = budget.started if budget.started is not None else budget.clock()
         self.deadline = started + budget.seconds if budget.seconds is not None else None
         self.per_config: float | None = None  # the last batch's seconds per config evaluated
         self.largest = 0  # the largest batch so far
@@ -81,7 +82,15 @@ class _Meter:
         if self.deadline is None:
             return None
         reserve = self.budget.reserve() if self.budget.reserve is not None else 0.0
-        return self.deadline - reserve - time.monotonic()
+        return self.deadline - reserve - self.budget.clock()
+
+    def affordable(self, share: float) -> int | None:
+        """Configs that fit in ``share`` of the seconds left at the last batch's seconds per config (None: no time
+        budget, or nothing timed yet)."""
+        left = self.seconds_left()
+        if left is None or not self.per_config:
+            return None
+        return int(share * max(left, 0.0) / self.per_config)
 
     def out_of_time(self) -> bool:
         left = self.seconds_left()
@@ -109,10 +118,10 @@ class _Meter:
         while todo and not self.out_of_time():
             n = self.batch(len(todo))
             batch, todo = todo[:n], todo[n:]
-            start = time.monotonic()
+            start = self.budget.clock()
             got = self.evaluate(batch)
             if got:
-                self.per_config = (time.monotonic() - start) / len(got)
+                self.per_config = (self.budget.clock() - start) / len(got)
             self.largest = max(self.largest, n)
             self.times.update((c, got[c]) for c in batch if c in got)
 
@@ -194,11 +203,14 @@ class LocalSearch:
     """Best-first local search: time the starts and a random sample, then always the untried neighbors of
     the fastest config not yet expanded; a fresh random sample when every timed config is expanded.
 
-    ``sample`` is the share of the space (at least 4 configs) timed at random first.
+    ``sample`` is the share of the space (at least 4 configs) timed at random first; under a time budget
+    the sample takes at most ``sample_time`` of the seconds left after the starts, at their seconds per
+    config, so a tight budget still reaches the neighbors of the fastest start.
     """
 
     name: str = "local"
     sample: float = 0.02
+    sample_time: float = 0.5
 
     def run(self, space: Sequence[Config], evaluate: Evaluate, budget: Budget,
             starts: Sequence[Config] = ()) -> Times:
@@ -210,7 +222,10 @@ class LocalSearch:
         grid = _Grid(space)
         k = max(4, int(len(space) * self.sample))
         members = set(space)
-        meter.time([*[s for s in starts if s in members], *rng.sample(space, min(k, len(space)))])
+        meter.time([s for s in starts if s in members])
+        fits = meter.affordable(self.sample_time)
+        first = min(k, len(space)) if fits is None else min(k, len(space), max(1, fits))
+        meter.time(rng.sample(space, first))
         expanded: set[Config] = set()
         while not meter.exhausted() and len(meter.times) < len(space):
             timed = sorted((t, i, c) for i, (c, t) in enumerate(meter.times.items())

@@ -178,3 +178,23 @@ def test_a_bad_effort_or_strategy_is_a_clear_error() -> None:
         tuner.tune(torch.zeros(1), emit=False, search_options={"strategy": "genetic"})
     with pytest.raises(ValueError, match="strategy"):
         busy_op("busy_bad_strategy", space=SPACE[:10], strategy="genetic")
+
+
+def test_a_tight_time_budget_still_expands_the_fastest_start() -> None:
+    """A 20 s budget and configs that take 1 s each to time (a clock the evaluator advances): the random sample
+    takes at most half the seconds left after the start, so the start's neighbours are timed and the one
+    faster neighbour found, where the 2 % sample (40 configs) alone would have spent the whole budget."""
+    from flyreg._search.strategy import Budget, LocalSearch
+
+    start, faster = Config({"A": 8, "B": 8, "C": 8}, num_warps=4), Config({"A": 9, "B": 8, "C": 8}, num_warps=4)
+    now = [0.0]
+
+    def evaluate(batch: Any) -> dict[Config, float]:
+        now[0] += len(batch)
+        return {c: 0.1 if c == faster else 0.5 if c == start else 1.0 for c in batch}
+
+    times = LocalSearch().run(SPACE, evaluate, Budget(seconds=20.0, clock=lambda: now[0]), [start])
+    assert faster in times and min(times, key=lambda c: times[c] or math.inf) == faster
+    assert len(times) <= 21 and now[0] <= 21.0  # the budget kept, give or take one config
+    untimed = LocalSearch().run(SPACE, evaluate, Budget(max_evals=41, clock=lambda: now[0]), [start])
+    assert len(untimed) == 41  # no time budget: the start and the whole 2 % sample first
