@@ -33,6 +33,8 @@ class Budget:
     ``started`` (a ``clock`` instant; None: the strategy's start), and the seed.
 
     ``reserve()`` is the time the strategy leaves for what follows it (the final round) out of the seconds.
+    ``clock`` is the strategy's source of seconds (a test may pass its own; the evaluator's deadline keeps
+    :func:`time.monotonic`).
     """
 
     max_evals: int | None = None
@@ -84,14 +86,6 @@ class _Meter:
         reserve = self.budget.reserve() if self.budget.reserve is not None else 0.0
         return self.deadline - reserve - self.budget.clock()
 
-    def affordable(self, share: float) -> int | None:
-        """Configs that fit in ``share`` of the seconds left at the last batch's seconds per config (None: no time
-        budget, or nothing timed yet)."""
-        left = self.seconds_left()
-        if left is None or not self.per_config:
-            return None
-        return int(share * max(left, 0.0) / self.per_config)
-
     def out_of_time(self) -> bool:
         left = self.seconds_left()
         return left is not None and left <= 0 and bool(self.times)
@@ -100,23 +94,27 @@ class _Meter:
         left = self.left()
         return (left is not None and left <= 0) or self.out_of_time()
 
-    def batch(self, todo: int) -> int:
-        """How many of ``todo`` configs the next batch holds."""
+    def batch(self, todo: int, until: float | None = None) -> int:
+        """How many of ``todo`` configs the next batch holds, ending by the ``until`` instant where one is given."""
         left = self.seconds_left()
         if left is None:
             return todo
+        if until is not None:
+            left = min(left, until - self.budget.clock())
         if self.per_config is None:
             return 1
         fits = int(left / self.per_config) if self.per_config > 0 else todo
         return max(1, min(todo, fits, 2 * self.largest))
 
-    def time(self, configs: Sequence[Config]) -> None:
+    def time(self, configs: Sequence[Config], until: float | None = None) -> None:
+        """Time ``configs`` in order within the budget, under a time budget no batch begun at or after the
+        ``until`` instant (a ``clock`` reading; None: the budget's end)."""
         todo = [c for c in dict.fromkeys(configs) if c not in self.times]
         left = self.left()
         if left is not None:
             todo = todo[:max(left, 0)]
-        while todo and not self.out_of_time():
-            n = self.batch(len(todo))
+        while todo and not self.out_of_time() and (until is None or self.budget.clock() < until):
+            n = self.batch(len(todo), until)
             batch, todo = todo[:n], todo[n:]
             start = self.budget.clock()
             got = self.evaluate(batch)
@@ -204,8 +202,8 @@ class LocalSearch:
     the fastest config not yet expanded; a fresh random sample when every timed config is expanded.
 
     ``sample`` is the share of the space (at least 4 configs) timed at random first; under a time budget
-    the sample takes at most ``sample_time`` of the seconds left after the starts, at their seconds per
-    config, so a tight budget still reaches the neighbors of the fastest start.
+    the sample stops once it has taken ``sample_time`` of the seconds left after the starts, so a tight
+    budget still expands the fastest config's neighbors (a journaled config costs no time).
     """
 
     name: str = "local"
@@ -222,10 +220,13 @@ class LocalSearch:
         grid = _Grid(space)
         k = max(4, int(len(space) * self.sample))
         members = set(space)
-        meter.time([s for s in starts if s in members])
-        fits = meter.affordable(self.sample_time)
-        first = min(k, len(space)) if fits is None else min(k, len(space), max(1, fits))
-        meter.time(rng.sample(space, first))
+        firsts, sample = [s for s in starts if s in members], rng.sample(space, min(k, len(space)))
+        if meter.deadline is None:
+            meter.time([*firsts, *sample])
+        else:
+            meter.time(firsts)
+            left = max(meter.seconds_left() or 0.0, 0.0)
+            meter.time(sample, until=budget.clock() + self.sample_time * left)
         expanded: set[Config] = set()
         while not meter.exhausted() and len(meter.times) < len(space):
             timed = sorted((t, i, c) for i, (c, t) in enumerate(meter.times.items())
