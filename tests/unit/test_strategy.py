@@ -178,5 +178,3 @@ def test_a_bad_effort_or_strategy_is_a_clear_error() -> None:
         tuner.tune(torch.zeros(1), emit=False, search_options={"strategy": "genetic"})
     with pytest.raises(ValueError, match="strategy"):
         busy_op("busy_bad_strategy", space=SPACE[:10], strategy="genetic")
-
-
