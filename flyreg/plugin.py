@@ -11,8 +11,9 @@ from flyreg._core.config import Config, JSONScalar
 from flyreg._core.fileio import FlyregWarning
 from flyreg._core.keys import SpecError
 from flyreg._core.launch import Launch
-from flyreg._plugins.declared import Declaration, DeclaredOp, declare, triton_op
+from flyreg._plugins.declared import Declaration, DeclaredOp, declare
 from flyreg._plugins.hookspecs import hookimpl, hookspec
+from flyreg._plugins.kernel_op import triton_op
 from flyreg._plugins.manager import HookError, PluginError
 from flyreg._plugins.record import Axis, OpRecord, RecordError
 from flyreg._plugins.work import Work

@@ -20,7 +20,8 @@ from flyreg._core.peaks import Peak
 #: The rules a search decides by, and what each says (``{fastest}``, ``{band}``, ``{margin}`` (the default's
 #: time over the winner's, less 1) and ``{lead}`` (the default's over the fastest's, less 1) filled in).
 RULES: dict[str, str] = {
-    "only": "the only config timed: the others failed, were rejected or were not reached within the budget",
+    "only": "the only config timed: the space holds no other, or the others failed, were rejected or were not "
+            "reached within the budget",
     "default-fastest": "the default was the fastest",
     "default-tie": "kept default: the fastest, {fastest}, {lead} faster, was within the tie band ({band}) of it",
     "default-overlap": "kept default: the fastest, {fastest}, {lead} faster, was not separable from it "

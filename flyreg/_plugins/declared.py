@@ -32,7 +32,7 @@ from flyreg._plugins.record import Axis, OpRecord, RecordError
 from flyreg._plugins.schema import parse_schema
 from flyreg._plugins.work import Work
 
-__all__ = ["BACKEND", "RECORD_KEYWORDS", "Declaration", "DeclaredOp", "declare", "triton_op"]
+__all__ = ["BACKEND", "RECORD_KEYWORDS", "Declaration", "DeclaredOp", "declare"]
 
 Spec = dict[str, JSONScalar]
 Space = Sequence[Config] | Callable[[Spec], Sequence[Config]]
@@ -79,6 +79,13 @@ def _spec_value(value: Any) -> JSONScalar:
 def _device_type(args: Sequence[Any]) -> str:
     """The device type of the first tensor among ``args`` (``"cpu"`` without one)."""
     return next((a.device.type for a in args if hasattr(a, "device") and hasattr(a, "dtype")), "cpu")
+
+
+def _call_args(made: Any) -> tuple[Any, ...]:
+    """What ``make_inputs`` returned, as the call's arguments: a tuple or list of them (not a bare tensor)."""
+    if not isinstance(made, (tuple, list)):
+        raise TypeError(f"make_inputs must return the call's arguments as a tuple, got {type(made).__name__}")
+    return tuple(made)
 
 
 def _takes(fn: Callable[..., Any]) -> Callable[[str], bool]:
@@ -208,9 +215,10 @@ class DeclaredOp:
         if d.workloads is not None:
             self.workloads = hookimpl(lambda device: self._workloads(device))
         if d.make_inputs is not None and _takes(d.make_inputs)("seed"):  # its draws differ: a search times several
-            self.make_inputs = hookimpl(lambda spec, device, seed: (tuple(d.make_inputs(spec, device, seed=seed)), {}))
+            self.make_inputs = hookimpl(lambda spec, device, seed: (_call_args(d.make_inputs(spec, device, seed=seed)),
+                                                                    {}))
         elif d.make_inputs is not None:
-            self.make_inputs = hookimpl(lambda spec, device: (tuple(d.make_inputs(spec, device)), {}))
+            self.make_inputs = hookimpl(lambda spec, device: (_call_args(d.make_inputs(spec, device)), {}))
         if d.reference is not None or d.cpu is not None:
             self.reference = hookimpl(lambda args, kwargs: self._reference(args, kwargs))
         if d.work is not None:
@@ -226,7 +234,7 @@ class DeclaredOp:
         try:
             bound = self._sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self.name or 'called as'}{self._sig}: {e}") from None
+            raise TypeError(f"{self.name or 'the call '}{self._sig}: {e}") from None
         bound.apply_defaults()
         return tuple(bound.arguments.values())
 
@@ -309,58 +317,3 @@ class DeclaredOp:
 def declare(**fields: Any) -> DeclaredOp:
     """The plugin object of the op these fields declare (:meth:`Declaration.of`); name it in an entry point."""
     return DeclaredOp(Declaration.of(**fields))
-
-
-def triton_op(kernel: Any, *, schema: str, grid: Callable[[dict[str, Any]], tuple[int, ...]],
-              args: Callable[..., Sequence[Any]], output_like: str | None = None, **declared: Any) -> DeclaredOp:
-    """A declared op whose launch is ``kernel[grid](*args(...), **knobs, **hints)``, as ``@triton.autotune``'s.
-
-    ``args(*call_args, out)``: the kernel's runtime arguments (its constexprs are the config's knobs),
-    from the call's arguments and, with ``output_like``, the output allocated like that argument
-    (``torch.empty_like``), which the call returns. ``grid(meta)``: the launch grid from ``meta``, the
-    kernel's arguments by name plus the knobs. The kernel is compiled once per call signature
-    (:func:`flyreg.triton.compiled_launcher`). Every other argument is a :class:`Declaration` field or a
-    record field of :data:`RECORD_KEYWORDS` (not ``record``: the schema is given).
-    """
-    names = list(_signature(schema).parameters)
-    out_at = names.index(output_like) if output_like in names else None  # the record names a wrong one
-    return declare(schema=schema, bind=functools.partial(_bind_kernel, kernel, grid, args, out_at, len(names)),
-                   output_like=output_like, **declared)
-
-
-def _bind_kernel(kernel: Any, grid: Callable[[dict[str, Any]], tuple[int, ...]],
-                 kernel_args: Callable[..., Sequence[Any]], out_at: int | None, arity: int, *call: Any,
-                 **options: Any) -> Callable[..., Any]:
-    """The launcher of ``kernel`` for calls shaped like ``call`` (see :func:`triton_op`)."""
-    import torch
-
-    from flyreg.triton import compiled_launcher
-
-    hint_names = set(options) - set(kernel.arg_names)
-    knobs = {k: v for k, v in options.items() if k not in hint_names}
-    hints = {k: v for k, v in options.items() if k in hint_names}
-    like = call[out_at] if out_at is not None else None
-    outs = (torch.empty_like(like),) if like is not None else ()
-    example = tuple(kernel_args(*call, *outs))
-    size = grid({**dict(zip(kernel.arg_names, example)), **knobs})
-    defaults = call  # a later call may leave trailing arguments at the defaults the first one had
-    if 0 in size:
-        launch = None
-    else:
-        launch = compiled_launcher(kernel, tuple(size), example, knobs, hints, _device(example))
-
-    def run(*a: Any) -> Any:
-        if len(a) < arity:
-            a = (*a, *defaults[len(a):])
-        out = (torch.empty_like(a[out_at]),) if out_at is not None else ()
-        if launch is not None:
-            launch(*kernel_args(*a, *out))
-        return out[0] if out else None
-
-    return run
-
-
-def _device(args: Sequence[Any]) -> Any:
-    import torch
-
-    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +65,14 @@ def _check_arg_names(name: str, obj: object) -> None:
                               f"{hook}({', '.join(want)}) does not pass; use those names (or a subset)")
 
 
+def _did_you_mean(message: str) -> str:
+    """`` (did you mean 'specialize'?)`` where pluggy's ``message`` names an unknown hook close to one of ours."""
+    found = re.search(r"unknown hook '([^']+)'", message)
+    close = difflib.get_close_matches(found.group(1), [*hookspecs.REQUIRED_HOOKS, *hookspecs.OPTIONAL_HOOKS],
+                                      n=1) if found else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _unmarked(obj: object, hook: str) -> bool:
     """True when ``obj`` has a plain callable named ``hook`` that is not marked with ``@hookimpl``."""
     fn = getattr(obj, hook, None)
@@ -95,7 +105,7 @@ class OpPlugin:
             self.pm.register(obj, name=name)
             self.pm.check_pending()
         except pluggy.PluginValidationError as e:  # e.g. a marked function that is no hook (a typo)
-            raise PluginError(f"op {name!r}: {' '.join(str(e).split())}") from None
+            raise PluginError(f"op {name!r}: {' '.join(str(e).split())}{_did_you_mean(str(e))}") from None
         missing = [h for h in hookspecs.REQUIRED_HOOKS if not self.implements(h)]
         if missing:
             unmarked = [h for h in missing if _unmarked(obj, h)]

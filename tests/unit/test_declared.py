@@ -77,6 +77,8 @@ def test_a_bad_call_or_spec_is_one_clear_error() -> None:
         op.specialize((x, s, 1.0, 2), {})
     with pytest.raises(TypeError, match="missing a required argument: 's'"):
         op.specialize((x,), {})
+    with pytest.raises(TypeError, match=r"^the call \(x, s, bias=0\.0\): too many positional arguments"):
+        declared(name="").specialize((x, s, 1.0, 2), {})  # unnamed: the registry's error prefixes the op's name
     with pytest.raises(ValueError, match=r"^scale_rows spec .* lacks axes \['backend'\]"):
         op.default({"M": 16, "dtype": "float32"})
     with pytest.raises(ValueError, match="backend' must be 'triton' or 'cpu', got 'tpu'"):
@@ -148,6 +150,15 @@ def test_a_make_inputs_that_takes_a_seed_gives_a_tuner_that_draws(tmp_path: Path
         rows = db.execute("SELECT op, toolchain FROM measurements").fetchall()
     inputs = {op: json.loads(toolchain).get("inputs") for op, toolchain in rows}
     assert inputs == {"drawn_rows": "draws", "plain_rows": None}
+
+
+def test_a_make_inputs_returning_one_tensor_is_named_as_the_fault() -> None:
+    op = declared(make_inputs=lambda spec, device: torch.randn(spec["M"], 4))  # not the call's (x, s)
+    with pytest.raises(TypeError, match="make_inputs must return the call's arguments as a tuple, got Tensor"):
+        op.make_inputs({"M": 16, "dtype": "float32", "backend": "cpu"}, "cpu")
+    args, kwargs = declared(make_inputs=lambda spec, device: [torch.randn(2, 4), torch.rand(2)]).make_inputs(
+        {"M": 2, "dtype": "float32", "backend": "cpu"}, "cpu")
+    assert [a.shape for a in args] == [(2, 4), (2,)] and kwargs == {}
 
 
 def test_registered_served_and_tuned_like_a_hand_written_plugin(registered: str, tmp_path: Path,

@@ -195,7 +195,7 @@ BROKEN = [
     (MissingBuild, r"lacks required hook\(s\) \['build'\]"),
     (UnmarkedBuild, r"lacks required hook\(s\) \['build'\] \(build not marked with @flyreg.hookimpl\)"),
     (WrongArgNames, r"hook build\(cfg, spec\) takes \['cfg'\], which the hook build\(config, spec\) does not pass"),
-    (UnknownHook, r"unknown hook 'buidl'"),
+    (UnknownHook, r"unknown hook 'buidl' in plugin .* \(did you mean 'build'\?\)$"),
     (BadDescribeKeys, r"unknown keys \['structual'\]"),
     (BadDescribeTypes, r"op 'bad': describe\(\): structural must be a list of names, got the string 'ROWS'"),
     (BadDescribeTiming, r"describe\(\): timing must be one of \['steady', 'flushed', 'graph'\], got 'fastest'"),
