@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from flyreg._cli.common import device_option, spec_values, user_errors
+from flyreg._cli.common import PositiveNumber, device_option, given_path, spec_values, user_errors
 
 
 @click.command()
@@ -25,16 +25,16 @@ from flyreg._cli.common import device_option, spec_values, user_errors
 @click.option("--op", "op_names", multiple=True, metavar="OP", help="With --remeasure: only this op (repeatable).")
 @click.option("--where", "where", multiple=True, callback=spec_values, metavar="AXIS=V,...",
               help="With --remeasure: only the specs with these axis values (repeatable: any of them).")
-@click.option("--margin", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+@click.option("--margin", type=PositiveNumber(), default=5.0, show_default=True,
               metavar="PERCENT", help="With --remeasure: how much slower than the fastest config measured "
                                       "(separably) an artifact may be before it is re-tuned.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("flyreg-remeasure.json"), show_default=True, metavar="FILE",
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), callback=given_path,
+              default="flyreg-remeasure.json", show_default=True, metavar="FILE",
               help="With --remeasure: where the JSON report goes.")
 @click.option("--workloads", is_flag=True,
               help="With --remeasure: also time the ops' workloads that have no artifact (served by a fallback).")
 @click.option("--retune", is_flag=True, help="With --remeasure: then tune the retune set (as tune --force).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+@click.option("--out", type=click.Path(file_okay=False), default=None, callback=given_path, metavar="DIR",
               help="With --retune: artifact dir (default: as flyreg tune's).")
 @device_option("With --remeasure: device to time on")
 @user_errors
@@ -94,11 +94,12 @@ def check(dirs: tuple[Path, ...], strict: bool, verbose: bool, against_record: P
 def _remeasure(targets: list[Path], op_names: list[str], where: list[dict[str, Any]], device: str | None,
                known: dict[str, str], margin: float, report: Path, workloads: bool, retune: bool,
                out: Path | None) -> None:
-    from flyreg._cli.common import artifact_dir, check_op_names, resolve_device
+    from flyreg._cli.common import artifact_dir, check_op_names, resolve_device, writable_file
     from flyreg._tuning.remeasure_artifacts import retune as retune_set
     from flyreg._tuning.remeasure_artifacts import run_remeasure
 
     check_op_names(op_names)
+    writable_file(report, "--report")
     dev = resolve_device(device)
     measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads, where)
     if retune:

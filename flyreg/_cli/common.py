@@ -120,6 +120,42 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+class PositiveNumber(click.FloatRange):
+    """A finite number > 0 (``nan``, ``inf`` and ``1e999`` refused: a budget or margin must bound something)."""
+
+    name = "positive number"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def given_path(_ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """A path option's value as a Path; an empty one is refused (it would name the current directory)."""
+    if value is None:
+        return None
+    if not value.strip():
+        option = (param.opts or [f"--{param.name}"])[0]
+        raise click.BadParameter(f"expected a path, got {value!r}", param_hint=option)
+    return Path(value)
+
+
+def writable_file(path: Path, option: str) -> Path:
+    """``path``, checked before any work: not a directory, in a directory that exists and is writable."""
+    target = path.absolute()
+    if target.is_dir():
+        raise click.BadParameter(f"{str(path)!r} is a directory", param_hint=option)
+    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"cannot write {str(path)!r}: {str(target.parent)!r} is not a writable directory",
+                                 param_hint=option)
+    return path
+
+
 def check_op_names(names: list[str]) -> None:
     """Raise UnknownOpError (with the closest name) for the first name no distribution registers."""
     from flyreg._plugins.registry import REGISTRY

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from flyreg._cli.common import (artifact_dir, check_op_names, device_option, ray_address, resolve_device, spec_values,
-                                user_errors)
+from flyreg._cli.common import (PositiveNumber, artifact_dir, check_op_names, device_option, given_path, ray_address,
+                                resolve_device, spec_values, user_errors)
 from flyreg._tuning.isolated_jobs import ISOLATE_ABOVE
 
 
@@ -19,14 +19,14 @@ from flyreg._tuning.isolated_jobs import ISOLATE_ABOVE
 @click.option("--where", "where", multiple=True, callback=spec_values, metavar="AXIS=V,...",
               help="Tune only the workloads with these axis values (repeatable: any of them).")
 @device_option("Device to tune on")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+@click.option("--out", type=click.Path(file_okay=False), default=None, callback=given_path, metavar="DIR",
               help="Artifact dir (default: the first FLYREG_CONFIG_DIR entry, else the user config dir).")
 @click.option("--force", is_flag=True, help="Re-tune specs that already have a current artifact in the artifact dir.")
 @click.option("--dry-run", is_flag=True, help="List the jobs and what would happen to each; tune nothing.")
 @click.option("--effort", type=click.Choice(["auto", "quick", "full"]), default="auto", show_default=True,
               help="How much of each spec's config space to time: full (all), quick (a seeded local search), "
                    "auto (full for a small space, quick for a large one).")
-@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--budget", type=PositiveNumber(), default=None, metavar="SECONDS",
               help="Seconds each spec's search may take before its final round (default: no limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the local search's random choices.")
 @click.option("--fresh", is_flag=True, help="Time every config again instead of reading the tuning journal.")

@@ -130,8 +130,10 @@ def read(path: str | os.PathLike[str]) -> list[Served]:
 
 def _served(r: tuple[Any, ...]) -> Served | None:
     try:
-        device = json.loads(r[2])
-        return Served(r[0], json.loads(r[1]), DeviceIdentity(device["name"], device["arch"]), r[3], r[4],
+        spec, device = json.loads(r[1]), json.loads(r[2])
+        if not isinstance(spec, dict) or not isinstance(device, dict):
+            return None
+        return Served(r[0], spec, DeviceIdentity(device["name"], device["arch"]), r[3], r[4],
                       bool(r[5]), r[6], json.loads(r[7]) if r[7] else None, int(r[8]), float(r[9]), float(r[10]))
     except (TypeError, ValueError, KeyError):  # a row written by hand: skipped
         return None

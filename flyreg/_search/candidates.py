@@ -360,10 +360,12 @@ class Evaluator:
 
 
 def result_of(m: journal.Measurement) -> BenchResult:
-    """A journaled time as a result: its median, and its spread split evenly around it."""
+    """A journaled time as a result: its median, and its spread split evenly around it (p20 no lower than 0: a
+    spread over 2, the middle reps' width over twice the median, comes of a skewed, noisy timing)."""
     median = float(m.median_ms or 0.0)
     half = median * float(m.spread or 0.0) / 2
-    return BenchResult(median, median - half, median + half, median - half, median + half, int(m.reps or 1))
+    low = max(0.0, median - half)
+    return BenchResult(median, low, median + half, low, median + half, int(m.reps or 1))
 
 
 def finalists(timed: dict[Config, BenchResult], default: Config | None) -> list[Config]:

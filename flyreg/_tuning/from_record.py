@@ -48,10 +48,11 @@ def plan_from_record(path: Path, op_names: Sequence[str], device: str, out_dir: 
         if op not in known:
             jobs.append(Job(op, {}, error="not registered here"))
             continue
-        try:
-            jobs.extend(plan_jobs([op], specs, device, out_dir, force))
-        except Exception as e:  # a broken or disabled op, a recorded spec its axes no longer take: its job fails
-            jobs.append(Job(op, {}, error=one_line(e)))
+        for spec in specs:  # one by one: a spec the op's axes no longer take fails alone
+            try:
+                jobs.extend(plan_jobs([op], [spec], device, out_dir, force))
+            except Exception as e:  # a broken or disabled op, a recorded spec its axes no longer take
+                jobs.append(Job(op, spec, error=one_line(e)))
     return jobs
 
 

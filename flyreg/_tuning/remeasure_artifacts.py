@@ -162,12 +162,12 @@ def run_remeasure(dirs: Sequence[Path], op_names: Sequence[str], device: str, kn
     lines.extend(f"to re-tune: {a['command']}" for a in again[:SHOWN])
     if len(again) > SHOWN:
         lines.append(f"to re-tune: ... and {len(again) - SHOWN} more (the report lists them; --retune tunes them)")
-    for line in lines:
-        click.echo(line)
-    write_json_atomic(report, {
+    write_json_atomic(report, {  # before the lines that say where it is
         "device": ident.to_json(), "margin": margin, "counts": counts, "rows": rows,
         "errors": [{"op": t.op, "spec": t.spec, "error": t.error} for t in failed], "retune": again,
     })
+    for line in lines:
+        click.echo(line)
     return targets
 
 

@@ -150,7 +150,7 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     a_file = tmp_path / "a_file"
     a_file.write_text("", encoding="utf-8")
     (unknown_tune, unknown_show, bad_spec, dup_axis, tpu, cuda9, out_file, out_under_file, spec_no_op,
-     incomplete, cache_typo) = cmd.many([
+     incomplete, cache_typo, nan_budget, inf_margin, empty_out, empty_report) = cmd.many([
         ["tune", "rmsnrm"],
         ["show", "rmsnrom", "--spec", SPEC],
         ["tune", "rmsnorm", "--spec", "N"],
@@ -162,6 +162,10 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
         ["tune", "--spec", SPEC],
         ["show", "rmsnorm", "--spec", "N=1024", "--device", "cpu"],
         ["cache", "clear", "rmsnrm"],
+        ["tune", "rmsnorm", "--budget", "nan"],
+        ["check", "--remeasure", "--margin", "1e999"],  # inf: no artifact could ever read "retune"
+        ["tune", "rmsnorm", "--out", ""],
+        ["check", "--remeasure", "--report", ""],
     ])
     for proc in (unknown_tune, unknown_show, cache_typo):
         assert "did you mean 'rmsnorm'?" in one_line_error(proc, 2)
@@ -175,6 +179,10 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     line = one_line_error(incomplete, 2)  # M stands for its buckets, backend is the CPU's: dtype is missing
     assert "rmsnorm: spec {'N': 1024} does not fit the op's axes: missing dtype." in line
     assert "dtype (str, one of bfloat16|float16|float32)" in line
+    assert "'--budget': 'nan' is not a finite number" in one_line_error(nan_budget, 2)
+    assert "'--margin': '1e999' is not a finite number" in one_line_error(inf_margin, 2)
+    assert "--out: expected a path, got ''" in one_line_error(empty_out, 2)
+    assert "--report: expected a path, got ''" in one_line_error(empty_report, 2)
     assert not list(cmd.dirs["cache"].iterdir())  # the typo created no cache file nor lock
 
 

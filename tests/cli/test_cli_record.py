@@ -7,8 +7,10 @@ Programs and commands run in fresh interpreters that see flyreg's own ops and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +137,33 @@ def test_against_record_fails_on_a_missing_artifact_and_passes_once_tuned(
     assert missing_lines(after.stdout) == {}
     again = cmd.run("check", "--against-record", str(record), str(out))  # the first artifact is elsewhere
     assert again.returncode == 1 and len(missing_lines(again.stdout)) == 1
+
+
+def test_a_recorded_spec_the_op_no_longer_takes_fails_alone_and_a_hand_written_row_is_skipped(
+        cmd: Flyreg, recorded: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    record, served = recorded
+    edited = tmp_path / "edited.sqlite3"
+    edited.write_bytes(record.read_bytes())
+    with contextlib.closing(sqlite3.connect(edited)) as db, db:
+        names = [r[1] for r in db.execute("PRAGMA table_info(served)")]
+        row = dict(zip(names, db.execute("SELECT * FROM served WHERE origin = 'default'").fetchone()))
+        for spec in ({**json.loads(row["spec"]), "zz": 1}, [1, 2]):  # an axis the op lacks; no spec at all
+            values = {**row, "spec": json.dumps(spec)}
+            db.execute(f"INSERT INTO served ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                       [values[n] for n in names])
+    plan = cmd.run("tune", "--from-record", str(edited), "--device", "cpu", "--dry-run")
+    rows = table_rows(plan.stdout)
+    assert {key(spec_of(spec)) for op, spec, action in rows if action == "tune"} == set(untuned(served))
+    assert [spec for op, spec, action in rows if "unknown axis zz" in action] == [spec_arg_of(row, zz=1)]
+    check = cmd.run("check", "--against-record", str(edited))
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
+    assert re.search(r"checked 4 recorded spec\(s\)", check.stdout)  # the row without a spec is skipped
+
+
+def spec_arg_of(row: dict[str, Any], **extra: Any) -> str:
+    """A record row's spec with ``extra`` as ``flyreg tune``'s table writes it (``dtype=float64,n=256,zz=1``)."""
+    spec = {**json.loads(row["spec"]), **extra}
+    return ",".join(f"{k}={v}" for k, v in sorted(spec.items()))
 
 
 def test_concurrent_processes_and_a_forked_child_lose_no_call(cmd: Flyreg) -> None:

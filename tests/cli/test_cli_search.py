@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import time
@@ -117,3 +118,22 @@ def test_effort_budget_and_their_errors(tmp_path: Path) -> None:
     assert 300 < len(journal_rows(run)) < 600  # n=8 stopped after its budget
     assert "--budget" in one_line_error(run.run("tune", "slow", "--budget", "0"), 2)
     assert "--effort" in one_line_error(run.run("tune", "slow", "--effort", "fast"), 2)
+
+
+def test_journaled_times_of_a_wide_spread_still_make_a_valid_artifact(tmp_path: Path) -> None:
+    # A noisy timing's middle reps can span more than twice its median; read back from the journal, its band
+    # must not reach below 0 ms, which the artifact's validator refuses.
+    run = slow_env(tmp_path)
+    out = tmp_path / "out"
+    first = run.run("tune", "slow", "--spec", "n=4", "--device", "cpu", "--out", str(out), SLOW_CONFIGS="6")
+    assert first.returncode == 0, first.stderr
+    with sqlite3.connect(run.dirs["cache"] / "flyreg-journal.sqlite3") as conn:
+        assert conn.execute("UPDATE measurements SET spread = 2.5").rowcount >= 6
+    again = run.run("tune", "slow", "--spec", "n=4", "--device", "cpu", "--out", str(out), "--force",
+                    SLOW_CONFIGS="6")
+    assert again.returncode == 0, again.stderr
+    check = run.run("check", str(out), SLOW_CONFIGS="6")
+    assert check.returncode == 0, check.stdout + check.stderr
+    (artifact,) = out.glob("slow,*.json")
+    decision = json.loads(artifact.read_text(encoding="utf-8"))["provenance"]["decision"]
+    assert decision["winner"]["p20_ms"] >= 0 and decision["winner"]["p80_ms"] > decision["winner"]["median_ms"]
