@@ -6,6 +6,7 @@ docs/autotune_guide.md, "Offline artifacts").
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from flyreg._core.config import JSONScalar
@@ -15,15 +16,32 @@ from flyreg._core.spec import name_part, spec_parts
 ParsedName = tuple[str, dict[str, str], str]
 
 
+#: The most bytes a file name may have on common file systems.
+MAX_NAME_BYTES = 255
+#: A value part cut to fit keeps this many leading characters, then ``-`` and a hash of the whole part.
+_KEPT = 24
+
+
 def lookup_key(op: str, spec: Mapping[str, JSONScalar], device_name: str) -> ParsedName:
-    """The filename parts of ``(op, spec, device)``: what :func:`parse_filename` reads back."""
-    return name_part(op), spec_parts(spec), name_part(device_name)
+    """The filename parts of ``(op, spec, device)``: what :func:`parse_filename` reads back. Where the name
+    would pass :data:`MAX_NAME_BYTES`, the longest value parts are cut, each to its head and a hash of it, until
+    it fits (a name that fits is never cut, so no artifact written before moves)."""
+    op_part, axes, device_part = name_part(op), spec_parts(spec), name_part(device_name)
+    while len(_joined(op_part, axes, device_part)) > MAX_NAME_BYTES:
+        longest = max(axes, key=lambda k: len(axes[k]))
+        if len(axes[longest]) <= _KEPT + 17:
+            break  # nothing left to cut: writing it names the OS's error
+        axes[longest] = f"{axes[longest][:_KEPT]}-{hashlib.sha256(axes[longest].encode()).hexdigest()[:16]}"
+    return op_part, axes, device_part
+
+
+def _joined(op_part: str, axes: Mapping[str, str], device_part: str) -> str:
+    return ",".join([op_part, *(f"{k}={v}" for k, v in axes.items()), f"device_name={device_part}"]) + ".json"
 
 
 def artifact_filename(op: str, spec: Mapping[str, JSONScalar], device_name: str) -> str:
     """``op,<axis>=<value>,...,device_name=<name>.json``: axes sorted, ASCII ``[A-Za-z0-9._=,-]`` only."""
-    op_part, axes, device_part = lookup_key(op, spec, device_name)
-    return ",".join([op_part, *(f"{k}={v}" for k, v in axes.items()), f"device_name={device_part}"]) + ".json"
+    return _joined(*lookup_key(op, spec, device_name))
 
 
 def parse_filename(name: str) -> ParsedName | None:

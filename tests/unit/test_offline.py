@@ -664,10 +664,12 @@ def test_config_value_outside_the_ops_space_is_not_served(isolated_dirs: dict[st
     assert (res.source, res.config) == ("default", DEFAULT)
 
 
-@pytest.mark.parametrize("name_bytes", [240, 255])
-def test_a_long_artifact_name_that_fits_is_written_and_served(name_bytes: int, isolated_dirs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("name_bytes", [240, 255, 256, 2000])
+def test_a_long_artifact_name_is_written_and_served(name_bytes: int, isolated_dirs: dict[str, Path],
+                                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The temp file a write goes through carries the target's name plus the pid and a random part:
-    # a name near the file-name limit must not make that temp name too long.
+    # a name near the file-name limit must not make that temp name too long. A longer one has its long
+    # value cut to a head and a hash, the same way when tuned and when looked up.
     base = artifact_name(OP, {**SPEC, "tag": "t"}, CPU.name)
     tag = "t" * (name_bytes - len(base.encode()) + 1)
 
@@ -677,7 +679,9 @@ def test_a_long_artifact_name_that_fits_is_written_and_served(name_bytes: int, i
     tuner = make_tuner(specialize_fn=tagged)
     tuner.tune(*inputs())
     path = Path(next(iter(tuner.reports.values())).artifact)
-    assert len(path.name.encode()) == name_bytes
+    assert len(path.name.encode()) == name_bytes if name_bytes <= 255 else len(path.name.encode()) < 255
     assert os.listdir(isolated_dirs["configs"]) == [path.name]  # no temp file left behind
     assert json.loads(path.read_text())["spec"]["tag"] == tag
     assert check_artifacts([isolated_dirs["configs"]]) == []  # named by its content, as lookup reads it
+    fresh_cache(monkeypatch, tmp_path)  # served from the artifact, not the tune's scratch cache
+    assert make_tuner(specialize_fn=tagged).resolve_spec({**SPEC, "tag": tag}).path == str(path)
