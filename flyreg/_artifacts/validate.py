@@ -97,8 +97,12 @@ def check_report(
 ) -> CheckReport:
     """:func:`check_artifacts` with the counts and the files whose staleness cannot be told here.
 
-    A directory that cannot be listed is one ``error``; the other directories are still checked.
+    ``dirs`` is a list of directories, or one. A directory that cannot be listed is one ``error``; the other directories are still checked.
     """
+    if isinstance(dirs, (str, os.PathLike)):  # one directory, not the characters of its name
+        dirs = [dirs]
+    if isinstance(dirs, bytes) or not isinstance(dirs, Iterable):
+        raise TypeError(f"dirs must be a directory or a list of directories, got {type(dirs).__name__}")
     problems: list[Problem] = []
     unchecked: list[tuple[Path, str]] = []
     files = n_dirs = 0

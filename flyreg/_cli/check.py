@@ -99,6 +99,11 @@ def _remeasure(targets: list[Path], op_names: list[str], where: list[dict[str, A
     from flyreg._tuning.remeasure_artifacts import run_remeasure
 
     check_op_names(op_names)
+    if where:
+        from flyreg._plugins.registry import REGISTRY
+        from flyreg._tuning.plan import check_where_axes
+
+        check_where_axes(where, {a.name for op in (op_names or known) for a in REGISTRY.plugin(op).record.axes})
     writable_file(report, "--report")
     dev = resolve_device(device)
     measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads, where)

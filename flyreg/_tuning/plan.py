@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import attrs
 
 from flyreg._artifacts.store import index, lookup_dirs
-from flyreg._core.keys import DeviceIdentity, identity_of
+from flyreg._core.keys import DeviceIdentity, SpecError, identity_of
 from flyreg._core.spec import canonical_spec, name_part, spec_text
 from flyreg._core.text import one_line
 
@@ -96,6 +97,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
         names = sorted([*names, *unavailable])
     ident = ident if ident is not None else identity_of(device)
     jobs: list[Job] = []
+    declared: set[str] = set()  # every axis of the ops planned: a --where naming none of them is a typo
     for name in names:
         if name in unavailable:
             jobs.append(unavailable[name])
@@ -107,6 +109,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
                 raise
             jobs.append(Job(name, {}, error=str(e)))
             continue
+        declared.update(a.name for a in plugin.record.axes)
         if not plugin.implements("make_inputs"):
             why = "no make_inputs hook, so it cannot be tuned offline"
             jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
@@ -150,7 +153,16 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             why = (f"--where names axes {unknown} that no workload has (its axes: {', '.join(sorted(axes))})"
                    if unknown else f"no workload for {device} matches --where")
             jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
+    check_where_axes(where or [], declared)
     return jobs
+
+
+def check_where_axes(where: list[dict[str, Any]], declared: set[str]) -> None:
+    """A SpecError (a usage error) for a ``--where`` axis that none of the ops (their ``declared`` axes) has."""
+    for axis in sorted({k for w in where for k in w} - declared):
+        close = difflib.get_close_matches(axis, sorted(declared), n=1)
+        raise SpecError(f"--where names axis {axis!r}, which no op here has"
+                        + (f" (did you mean {close[0]!r}?)" if close else f" (their axes: {', '.join(sorted(declared))})"))
 
 
 def tuned_as(job: Job, spec: dict[str, Any], device: str, out_dir: Path, force: bool) -> bool:

@@ -97,6 +97,14 @@ def test_renamed_file_does_not_match_its_content(tuned: Path) -> None:
     assert "filename does not match its content" in message and tuned.name in message
 
 
+def test_one_directory_is_checked_as_one_not_by_the_letters_of_its_name(tuned: Path) -> None:
+    edit(tuned, lambda d: d["spec"].update(N=4096))
+    for one in (tuned.parent, str(tuned.parent)):
+        assert [(n, s) for n, s, _ in found(check_artifacts(one, {OP: "0"}))] == [(tuned.name, "error")]
+    with pytest.raises(TypeError, match="dirs must be a directory or a list of directories, got int"):
+        check_artifacts(123)  # type: ignore[arg-type]
+
+
 def test_edited_spec_does_not_match_its_filename(tuned: Path) -> None:
     edit(tuned, lambda d: d["spec"].update(N=4096))
     assert [s for _, s, _ in found(check_artifacts([tuned.parent], {OP: "0"}))] == ["error"]
