@@ -162,6 +162,8 @@ def check_op_names(names: list[str]) -> None:
 
     known = set(REGISTRY.names())
     for name in names:
+        if not name.strip():
+            raise click.BadParameter(f"expected an op name, got {name!r}", param_hint="OP")
         if name not in known:
             REGISTRY.plugin(name)  # raises the registry's own "unknown op ...; did you mean ...?"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from flyreg._cli.common import device_option, resolve_device, spec_values, user_errors
+from flyreg._cli.common import check_op_names, device_option, resolve_device, spec_values, user_errors
 
 
 @click.command()
@@ -33,6 +33,7 @@ def show(op_name: str, specs: list[dict[str, Any]], device: str | None, as_json:
     from flyreg._plugins.registry import REGISTRY
     from flyreg._runtime.resolution import what_serves
 
+    check_op_names([op_name])
     dev = resolve_device(device)
     if not specs:
         from flyreg._cli.show_op import show_op

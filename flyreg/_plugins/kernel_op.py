@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,8 +33,9 @@ def triton_op(kernel: Any, *, schema: str, grid: Grid | Sequence[int], args: Cal
     (``torch.empty_like``), which the call returns. ``grid(meta)``: the launch grid from ``meta``, the
     kernel's arguments by name plus the knobs (or a fixed grid, a tuple). The kernel is compiled once per call
     signature (:func:`flyreg.triton.compiled_launcher`). Every other argument is a :class:`Declaration` field
-    or a record field of :data:`RECORD_KEYWORDS` (not ``record``: the schema is given). A config that names
-    a knob the kernel has no constexpr of, or leaves out a constexpr without a default, is a TypeError.
+    or a record field of :data:`RECORD_KEYWORDS` (not ``record``: the schema is given); ``description`` defaults
+    to the first line of the kernel's docstring, else of its module's. A config that names a knob the kernel has
+    no constexpr of, or leaves out a constexpr without a default, is a TypeError.
     """
     if not hasattr(kernel, "arg_names") or not callable(kernel):
         raise TypeError(f"kernel must be a @triton.jit function, got {type(kernel).__name__}")
@@ -49,10 +51,22 @@ def triton_op(kernel: Any, *, schema: str, grid: Grid | Sequence[int], args: Cal
         for config in [value] if isinstance(value, Config) else value if isinstance(value, (list, tuple)) else []:
             if isinstance(config, Config):
                 _check_knobs(kernel, config.kwargs, f"{field} {config}")
+    if "description" not in declared and "record" not in declared:
+        declared["description"] = _first_doc_line(kernel)
     names = list(_signature(schema).parameters)
     out_at = names.index(output_like) if output_like in names else None  # the record names a wrong one
     return declare(schema=schema, bind=functools.partial(_bind_kernel, kernel, grid, args, out_at, len(names)),
                    output_like=output_like, **declared)
+
+
+def _first_doc_line(kernel: Any) -> str:
+    """The first line of the kernel's docstring, else of its module's ("" without either): ``flyreg list``'s
+    description of an op declared without one."""
+    fn = getattr(kernel, "fn", kernel)
+    for doc in (getattr(fn, "__doc__", None), getattr(sys.modules.get(getattr(fn, "__module__", "")), "__doc__", None)):
+        if isinstance(doc, str) and doc.strip():
+            return doc.strip().splitlines()[0].strip()
+    return ""
 
 
 def _fixed_grid(size: tuple[int, ...], meta: dict[str, Any]) -> tuple[int, ...]:

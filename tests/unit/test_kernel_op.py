@@ -86,3 +86,8 @@ def test_grid_and_args_must_be_callables_or_a_fixed_grid() -> None:
                   configs=[Config()], default=Config())
     run = bind(scale_op(grid=(0,)), Config({"BLOCK_N": 32}))  # a fixed grid; an empty one launches nothing
     assert run(torch.ones(SPEC["n"]), 2.0).shape == (SPEC["n"],)
+
+
+def test_the_description_defaults_to_the_first_docstring_line() -> None:
+    assert scale_op().declaration.record.description == __doc__.strip().splitlines()[0]  # _scale has no docstring
+    assert scale_op(description="y = alpha * x").declaration.record.description == "y = alpha * x"

@@ -40,7 +40,10 @@ def _bind(*args: Any, **options: Any) -> Any:
 
 def make_moe_inputs(M: int, E: int, N: int, K: int, topk: int, dtype: torch.dtype, device: Any,
                     seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Random call arguments on ``device``: every stage near unit variance, each token routed to ``topk`` experts."""
+    """Random call arguments on ``device``: every stage near unit variance, each token routed to ``topk`` experts
+    (distinct, so ``topk`` is at most ``E``: a ValueError otherwise)."""
+    if topk > E:
+        raise ValueError(f"topk must be at most E (a token's experts are distinct), got topk={topk}, E={E}")
     kw = {"generator": torch.Generator(device=device).manual_seed(seed), "device": device}
     w1, w2 = (torch.empty(s, dtype=dtype, device=device) for s in ((E, 2 * N, K), (E, K, N)))
     for e in range(E):  # an expert at a time: the float32 draw held at once is one expert's, not all of them

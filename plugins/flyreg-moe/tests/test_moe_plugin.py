@@ -186,6 +186,8 @@ def test_each_seed_draws_its_own_routing_so_a_tune_times_several() -> None:
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # a seed is one draw
     assert not torch.equal(first[4], other[4]) and [a.shape for a in first] == [a.shape for a in other]
     assert first[4].min() >= 0 and first[4].max() < 8 and all(len(set(row.tolist())) == 2 for row in other[4])
+    with pytest.raises(ValueError, match="topk must be at most E .*, got topk=9, E=8"):  # a --spec no model has
+        ops.fused_moe.make_inputs({**spec, "topk": 9}, "cpu", 0)
 
 
 def test_torch_op_through_flyreg_torch() -> None:
