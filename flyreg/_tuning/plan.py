@@ -131,6 +131,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
         for raw in wanted:
             if specs:  # the user's: a spec that does not fit the op's axes is a usage error (SpecError)
                 spec = canonical_spec(plugin.check_spec(raw, device))
+                _check_device_axes(name, plugin.record.axes, spec, device)
             else:
                 try:
                     spec = canonical_spec(plugin.check_spec(canonical_spec(raw, "workload spec"), device))
@@ -157,12 +158,22 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
     return jobs
 
 
+def _check_device_axes(op: str, axes: Iterable[Any], spec: dict[str, Any], device: str) -> None:
+    """A SpecError for a spec value a call on ``device`` cannot have (``backend=triton`` on the CPU): its inputs
+    would specialize to the device's value, and the tune would write that spec's artifact instead."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    for axis in axes:
+        if axis.device_default is not None and axis.name in spec and spec[axis.name] != axis.device_default(kind):
+            raise SpecError(f"{op}: {axis.name}={spec[axis.name]} cannot be tuned on {device}: calls there take "
+                            f"{axis.name}={axis.device_default(kind)}; tune it on a device whose calls take it")
+
+
 def check_where_axes(where: list[dict[str, Any]], declared: set[str]) -> None:
     """A SpecError (a usage error) for a ``--where`` axis that none of the ops (their ``declared`` axes) has."""
     for axis in sorted({k for w in where for k in w} - declared):
         close = difflib.get_close_matches(axis, sorted(declared), n=1)
-        raise SpecError(f"--where names axis {axis!r}, which no op here has"
-                        + (f" (did you mean {close[0]!r}?)" if close else f" (their axes: {', '.join(sorted(declared))})"))
+        hint = f"did you mean {close[0]!r}?" if close else f"their axes: {', '.join(sorted(declared))}"
+        raise SpecError(f"--where names axis {axis!r}, which no op here has ({hint})")
 
 
 def tuned_as(job: Job, spec: dict[str, Any], device: str, out_dir: Path, force: bool) -> bool:

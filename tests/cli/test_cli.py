@@ -150,7 +150,7 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     a_file = tmp_path / "a_file"
     a_file.write_text("", encoding="utf-8")
     (unknown_tune, unknown_show, bad_spec, dup_axis, tpu, cuda9, out_file, out_under_file, spec_no_op,
-     incomplete, cache_typo, nan_budget, inf_margin, empty_out, empty_report, *empty_ops) = cmd.many([
+     incomplete, cache_typo, nan_budget, inf_margin, empty_out, empty_report, triton_on_cpu, *empty_ops) = cmd.many([
         ["tune", "rmsnrm"],
         ["show", "rmsnrom", "--spec", SPEC],
         ["tune", "rmsnorm", "--spec", "N"],
@@ -166,6 +166,7 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
         ["check", "--remeasure", "--margin", "1e999"],  # inf: no artifact could ever read "retune"
         ["tune", "rmsnorm", "--out", ""],
         ["check", "--remeasure", "--report", ""],
+        ["tune", "rmsnorm", "--device", "cpu", "--spec", SPEC.replace("backend=cpu", "backend=triton")],
         ["tune", ""], ["show", ""], ["cache", "clear", ""],
     ])
     for proc in (unknown_tune, unknown_show, cache_typo):
@@ -184,6 +185,8 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
     assert "'--margin': '1e999' is not a finite number" in one_line_error(inf_margin, 2)
     assert "--out: expected a path, got ''" in one_line_error(empty_out, 2)
     assert "--report: expected a path, got ''" in one_line_error(empty_report, 2)
+    assert ("rmsnorm: backend=triton cannot be tuned on cpu: calls there take backend=cpu"
+            in one_line_error(triton_on_cpu, 2))  # its inputs would make a backend=cpu artifact instead
     for proc in empty_ops:
         assert "Invalid value for OP: expected an op name, got ''" in one_line_error(proc, 2)
     assert not list(cmd.dirs["cache"].iterdir())  # the typo created no cache file nor lock
