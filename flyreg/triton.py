@@ -24,6 +24,7 @@ Example (a kernel ``_double(X, Y, n, BLOCK: tl.constexpr)`` launched on ``x``)::
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -155,10 +156,12 @@ def compiled_launcher(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...],
     if not FAST or not isinstance(kernel, JITFunction):  # Triton's interpreter, or an unchecked Triton
         return slow
     names = kernel.arg_names[len(args):]
-    missing = [n for n in names if n not in constexprs]
+    # A constexpr a launch leaves out takes the kernel's own default.
+    defaults = {p.name: p.default for p in kernel.params if p.default is not inspect.Parameter.empty}
+    missing = [n for n in names if n not in constexprs and n not in defaults]
     if missing:
         raise TypeError(f"{kernel}: constexprs {missing} not given")
-    const_vals = tuple(constexprs[n] for n in names)
+    const_vals = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
     compiled = _compile(kernel, grid, args, constexprs, hints, device)
     with torch.cuda.device(device):
         # .run loads the binary, but Triton sets it before the load ends: another thread binding the same

@@ -27,7 +27,7 @@ def lookup_key(op: str, spec: Mapping[str, JSONScalar], device_name: str) -> Par
     would pass :data:`MAX_NAME_BYTES`, the longest value parts are cut, each to its head and a hash of it, until
     it fits (a name that fits is never cut, so no artifact written before moves)."""
     op_part, axes, device_part = name_part(op), spec_parts(spec), name_part(device_name)
-    while len(_joined(op_part, axes, device_part)) > MAX_NAME_BYTES:
+    while axes and len(_joined(op_part, axes, device_part)) > MAX_NAME_BYTES:
         longest = max(axes, key=lambda k: len(axes[k]))
         if len(axes[longest]) <= _KEPT + 17:
             break  # nothing left to cut: writing it names the OS's error

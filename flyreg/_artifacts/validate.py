@@ -68,13 +68,14 @@ class CheckReport:
 
 
 def check_artifacts(
-    dirs: Iterable[str | os.PathLike[str]],
+    dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     known_ops: Mapping[str, str] | None = None,
     *,
     accepts: Accepts | None = None,
     unavailable: Mapping[str, str] | None = None,
 ) -> list[Problem]:
-    """Check every ``*.json`` in ``dirs`` as lookup would judge it; the problems of :func:`check_report`.
+    """Check every ``*.json`` in ``dirs`` (a directory or a list of them) as lookup would judge it; the problems
+    of :func:`check_report`.
 
     ``known_ops`` maps op name -> op version; when given, unknown ops are errors and an artifact
     tuned on another op version is ``stale``. Staleness compares what the artifact's backend
@@ -89,7 +90,7 @@ def check_artifacts(
 
 
 def check_report(
-    dirs: Iterable[str | os.PathLike[str]],
+    dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     known_ops: Mapping[str, str] | None = None,
     *,
     accepts: Accepts | None = None,
@@ -97,7 +98,8 @@ def check_report(
 ) -> CheckReport:
     """:func:`check_artifacts` with the counts and the files whose staleness cannot be told here.
 
-    ``dirs`` is a list of directories, or one. A directory that cannot be listed is one ``error``; the other directories are still checked.
+    ``dirs`` is a list of directories, or one. A directory that cannot be listed is one ``error``; the other
+    directories are still checked.
     """
     if isinstance(dirs, (str, os.PathLike)):  # one directory, not the characters of its name
         dirs = [dirs]

@@ -146,12 +146,15 @@ def given_path(_ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def writable_file(path: Path, option: str) -> Path:
-    """``path``, checked before any work: not a directory, in a directory that exists and is writable."""
+    """``path``, checked before any work: not a directory, under a writable directory (made where missing)."""
     target = path.absolute()
     if target.is_dir():
         raise click.BadParameter(f"{str(path)!r} is a directory", param_hint=option)
-    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"cannot write {str(path)!r}: {str(target.parent)!r} is not a writable directory",
+    existing = target.parent  # the write creates the directories missing: the nearest that exists must take them
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"cannot write {str(path)!r}: {str(existing)!r} is not a writable directory",
                                  param_hint=option)
     return path
 

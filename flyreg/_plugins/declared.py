@@ -82,8 +82,8 @@ def _device_type(args: Sequence[Any]) -> str:
 
 
 def _call_args(made: Any) -> tuple[Any, ...]:
-    """What ``make_inputs`` returned, as the call's arguments: a tuple or list of them (not a bare tensor)."""
-    if not isinstance(made, (tuple, list)):
+    """What ``make_inputs`` returned, as the call's arguments: any sequence of them, but not a bare tensor."""
+    if hasattr(made, "shape") and hasattr(made, "dtype"):  # iterable, but by its rows
         raise TypeError(f"make_inputs must return the call's arguments as a tuple, got {type(made).__name__}")
     return tuple(made)
 

@@ -37,7 +37,7 @@ def triton_op(kernel: Any, *, schema: str, grid: Grid | Sequence[int], args: Cal
     to the first line of the kernel's docstring, else of its module's. A config that names a knob the kernel has
     no constexpr of, or leaves out a constexpr without a default, is a TypeError.
     """
-    if not hasattr(kernel, "arg_names") or not callable(kernel):
+    if not hasattr(kernel, "arg_names") or not hasattr(kernel, "run"):  # a JITFunction, or one autotune wraps
         raise TypeError(f"kernel must be a @triton.jit function, got {type(kernel).__name__}")
     if isinstance(grid, (tuple, list)) and all(isinstance(g, int) for g in grid):
         grid = functools.partial(_fixed_grid, tuple(grid))
@@ -77,24 +77,33 @@ def _kernel_name(kernel: Any) -> str:
     return str(getattr(getattr(kernel, "fn", kernel), "__name__", kernel))
 
 
-def _check_knobs(kernel: Any, knobs: Any, what: str, hints: Any = ()) -> None:
-    """A TypeError where ``knobs`` (names) are not the kernel's constexprs, or leave out one without a default;
-    or where a hint's name is close to a constexpr's (a knob misspelled, which a bound launch takes for a hint)."""
+def _constexprs(kernel: Any) -> list[tuple[str, bool]] | None:
+    """The kernel's constexpr parameters, each with whether it has a default; None where a wrapper
+    (``@triton.autotune``, ``@triton.heuristics``) may supply them, or the kernel cannot say."""
     params = getattr(kernel, "params", None)
-    if params is None:  # not a JITFunction of a known Triton: the compile names what is wrong
+    if params is not None:  # a JITFunction
+        return [(p.name, getattr(p, "default", inspect.Parameter.empty) is not inspect.Parameter.empty)
+                for p in params if getattr(p, "is_constexpr", False)]
+    fn = getattr(kernel, "fn", None)
+    if not inspect.isfunction(fn):  # a wrapper of another kernel
+        return None
+    # Triton's interpreter: the plain function, its constexprs by annotation (an object or, postponed, a string)
+    return [(p.name, p.default is not p.empty) for p in inspect.signature(fn).parameters.values()
+            if p.annotation is not p.empty and "constexpr" in getattr(p.annotation, "__name__", str(p.annotation))]
+
+
+def _check_knobs(kernel: Any, knobs: Any, what: str) -> None:
+    """A TypeError where ``knobs`` (names) are not the kernel's constexprs, or leave out one without a default."""
+    params = _constexprs(kernel)
+    if params is None:
         return
-    constexprs = [p.name for p in params if getattr(p, "is_constexpr", False)]
-    required = [p.name for p in params if getattr(p, "is_constexpr", False)
-                and getattr(p, "default", inspect.Parameter.empty) is inspect.Parameter.empty]
+    constexprs = [name for name, _ in params]
     problems = []
     for name in (k for k in knobs if k not in constexprs):
         close = difflib.get_close_matches(name, constexprs, n=1)
         problems.append(f"knob {name!r} is no constexpr of it" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    for name in hints:
-        close = difflib.get_close_matches(name, constexprs, n=1)
-        if close:
-            problems.append(f"{name!r} is no constexpr of it (did you mean {close[0]!r}?)")
-    problems += [f"constexpr {name!r} has no value" for name in required if name not in knobs]
+    problems += [f"constexpr {name!r} has no value" for name, has_default in params
+                 if not has_default and name not in knobs]
     if problems:
         raise TypeError(f"{what} does not fit the kernel {_kernel_name(kernel)}{tuple(kernel.arg_names)}: "
                         + "; ".join(problems))
@@ -110,7 +119,7 @@ def _bind_kernel(kernel: Any, grid: Grid, kernel_args: Callable[..., Sequence[An
     hint_names = set(options) - set(kernel.arg_names)
     knobs = {k: v for k, v in options.items() if k not in hint_names}
     hints = {k: v for k, v in options.items() if k in hint_names}
-    _check_knobs(kernel, knobs, f"the config's knobs {knobs} (hints {hints})", hints)
+    _check_knobs(kernel, knobs, f"the config's knobs {knobs} (hints {hints})")
     like = call[out_at] if out_at is not None else None
     outs = (torch.empty_like(like),) if like is not None else ()
     try:

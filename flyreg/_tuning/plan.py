@@ -98,6 +98,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
     ident = ident if ident is not None else identity_of(device)
     jobs: list[Job] = []
     declared: set[str] = set()  # every axis of the ops planned: a --where naming none of them is a typo
+    open_axes = bool(unavailable)  # an op not loaded (or one without declared axes) may have any axis
     for name in names:
         if name in unavailable:
             jobs.append(unavailable[name])
@@ -108,8 +109,10 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             if len(op_names) == 1:
                 raise
             jobs.append(Job(name, {}, error=str(e)))
+            open_axes = True
             continue
         declared.update(a.name for a in plugin.record.axes)
+        open_axes = open_axes or not plugin.record.axes  # an op without declared axes takes any
         if not plugin.implements("make_inputs"):
             why = "no make_inputs hook, so it cannot be tuned offline"
             jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
@@ -154,16 +157,20 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             why = (f"--where names axes {unknown} that no workload has (its axes: {', '.join(sorted(axes))})"
                    if unknown else f"no workload for {device} matches --where")
             jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
-    check_where_axes(where or [], declared)
+    if not open_axes:
+        check_where_axes(where or [], declared)
     return jobs
 
 
 def _check_device_axes(op: str, axes: Iterable[Any], spec: dict[str, Any], device: str) -> None:
     """A SpecError for a spec value a call on ``device`` cannot have (``backend=triton`` on the CPU): its inputs
     would specialize to the device's value, and the tune would write that spec's artifact instead."""
+    from flyreg._plugins.declared import BACKEND
+
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    for axis in axes:
-        if axis.device_default is not None and axis.name in spec and spec[axis.name] != axis.device_default(kind):
+    for axis in axes:  # a declared op's backend only: another axis' device default is a default, not a rule
+        if axis.name == BACKEND.name and axis.device_default is BACKEND.device_default and axis.name in spec \
+                and spec[axis.name] != axis.device_default(kind):
             raise SpecError(f"{op}: {axis.name}={spec[axis.name]} cannot be tuned on {device}: calls there take "
                             f"{axis.name}={axis.device_default(kind)}; tune it on a device whose calls take it")
 

@@ -137,3 +137,59 @@ def test_journaled_times_of_a_wide_spread_still_make_a_valid_artifact(tmp_path: 
     (artifact,) = out.glob("slow,*.json")
     decision = json.loads(artifact.read_text(encoding="utf-8"))["provenance"]["decision"]
     assert decision["winner"]["p20_ms"] >= 0 and decision["winner"]["p80_ms"] > decision["winner"]["median_ms"]
+
+
+#: Two toy ops: ``loose`` declares no axes (a spec may hold any), ``ddtype`` a dtype axis with a device default.
+AXES_MODULE = '''
+import torch
+from flyreg import Config, OpRecord, hookimpl
+from flyreg.plugin import Axis
+
+
+class Toy:
+    def __init__(self, axes):
+        self.axes = axes
+
+    @hookimpl
+    def specialize(self, args, kwargs):
+        return {"n": int(args[0].shape[0]), **({"dtype": str(args[0].dtype)[6:]} if self.axes else {})}
+
+    @hookimpl
+    def build(self, config, spec):
+        return lambda x: x
+
+    @hookimpl
+    def configs(self, spec):
+        return [Config({"K": 0})]
+
+    @hookimpl
+    def default(self, spec):
+        return Config({"K": 0})
+
+    @hookimpl
+    def workloads(self, device):
+        return [{"n": n, **({"dtype": "float32"} if self.axes else {})} for n in (4, 8)]
+
+    @hookimpl
+    def make_inputs(self, spec, device):
+        return (torch.zeros(spec["n"], dtype=getattr(torch, spec.get("dtype", "float32")), device=device),), {}
+
+    @hookimpl
+    def describe(self):
+        return OpRecord(description="toy", version="1", structural=[], axes=self.axes)
+
+
+loose = Toy([])
+ddtype = Toy([Axis("n", int), Axis("dtype", str, device_default=lambda device: "float32")])
+'''
+
+
+def test_where_and_spec_checks_leave_undeclared_and_defaulted_axes_alone(tmp_path: Path) -> None:
+    site = fake_distribution(tmp_path / "site", "axes-ops", "[flyreg.ops]\nloose = axes_ops:loose\n"
+                             "ddtype = axes_ops:ddtype\n", {"axes_ops.py": AXES_MODULE})
+    run = Flyreg(tmp_path / "run", {"axes-ops": site})
+    loose = run.run("tune", "loose", "--where", "n=4", "--device", "cpu", "--dry-run")
+    assert loose.returncode == 0 and "n=4" in loose.stdout and "n=8" not in loose.stdout, loose.stderr
+    # A device default fills an axis left out; a value given is the user's (only a declared op's backend is a rule).
+    given = run.run("tune", "ddtype", "--spec", "n=4,dtype=float64", "--device", "cpu", "--dry-run")
+    assert given.returncode == 0 and "dtype=float64" in given.stdout, given.stderr
