@@ -103,9 +103,8 @@ def _remeasure(targets: list[Path], op_names: list[str], where: list[dict[str, A
         from flyreg._plugins.registry import REGISTRY
         from flyreg._tuning.plan import check_where_axes
 
-        records = [REGISTRY.plugin(op).record for op in (op_names or known) if op in known]
-        if records and all(r.axes for r in records) and len(records) == len(op_names or known):
-            check_where_axes(where, {a.name for r in records for a in r.axes})
+        check_where_axes(where, [{a.name for a in REGISTRY.plugin(op).record.axes} if op in known else None
+                                 for op in (op_names or known)])
     writable_file(report, "--report")
     dev = resolve_device(device)
     measured = run_remeasure(targets, op_names, dev, known, margin, report, workloads, where)

@@ -97,8 +97,7 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
         names = sorted([*names, *unavailable])
     ident = ident if ident is not None else identity_of(device)
     jobs: list[Job] = []
-    declared: set[str] = set()  # every axis of the ops planned: a --where naming none of them is a typo
-    open_axes = bool(unavailable)  # an op not loaded (or one without declared axes) may have any axis
+    op_axes: list[set[str] | None] = [None] * len(unavailable)  # each op's declared axes; None: not loaded
     for name in names:
         if name in unavailable:
             jobs.append(unavailable[name])
@@ -109,10 +108,9 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             if len(op_names) == 1:
                 raise
             jobs.append(Job(name, {}, error=str(e)))
-            open_axes = True
+            op_axes.append(None)
             continue
-        declared.update(a.name for a in plugin.record.axes)
-        open_axes = open_axes or not plugin.record.axes  # an op without declared axes takes any
+        op_axes.append({a.name for a in plugin.record.axes})
         if not plugin.implements("make_inputs"):
             why = "no make_inputs hook, so it cannot be tuned offline"
             jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
@@ -157,26 +155,31 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
             why = (f"--where names axes {unknown} that no workload has (its axes: {', '.join(sorted(axes))})"
                    if unknown else f"no workload for {device} matches --where")
             jobs.append(Job(name, {}, error=why) if explicit else Job(name, {}, skip=why))
-    if not open_axes:
-        check_where_axes(where or [], declared)
+    check_where_axes(where or [], op_axes)
     return jobs
 
 
 def _check_device_axes(op: str, axes: Iterable[Any], spec: dict[str, Any], device: str) -> None:
     """A SpecError for a spec value a call on ``device`` cannot have (``backend=triton`` on the CPU): its inputs
     would specialize to the device's value, and the tune would write that spec's artifact instead."""
-    from flyreg._plugins.declared import BACKEND
+    from flyreg._plugins.declared import BACKEND, backend_on
 
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    for axis in axes:  # a declared op's backend only: another axis' device default is a default, not a rule
-        if axis.name == BACKEND.name and axis.device_default is BACKEND.device_default and axis.name in spec \
-                and spec[axis.name] != axis.device_default(kind):
-            raise SpecError(f"{op}: {axis.name}={spec[axis.name]} cannot be tuned on {device}: calls there take "
-                            f"{axis.name}={axis.device_default(kind)}; tune it on a device whose calls take it")
+    # A declared op's backend only: another axis' device default is a default, not a rule.
+    declared = any(a.name == BACKEND.name and a.device_default is BACKEND.device_default for a in axes)
+    want = backend_on(device)
+    if declared and spec.get(BACKEND.name, want) != want:
+        raise SpecError(f"{op}: backend={spec[BACKEND.name]} cannot be tuned on {device}: calls there take "
+                        f"backend={want}; tune it on a device whose calls take it")
 
 
-def check_where_axes(where: list[dict[str, Any]], declared: set[str]) -> None:
-    """A SpecError (a usage error) for a ``--where`` axis that none of the ops (their ``declared`` axes) has."""
+def check_where_axes(where: list[dict[str, Any]], op_axes: Iterable[set[str] | None]) -> None:
+    """A SpecError (a usage error) for a ``--where`` axis that none of the ops has, given each op's declared axes
+    (None: an op not loaded). An op not loaded, or one that declares no axes, may have any: nothing is refused."""
+    given = list(op_axes)
+    known = [axes for axes in given if axes]
+    if not known or len(known) < len(given):
+        return
+    declared = {name for axes in known for name in axes}
     for axis in sorted({k for w in where for k in w} - declared):
         close = difflib.get_close_matches(axis, sorted(declared), n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"their axes: {', '.join(sorted(declared))}"
