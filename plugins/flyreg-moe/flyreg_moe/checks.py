@@ -67,16 +67,19 @@ def _int(value: object) -> bool:
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
-                TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False) -> None:
-    """ValueError naming the first knob that breaks its rule (16: tl.dot's least tile; None: BLOCK_N)."""
+                TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False, PAIR_MLP: bool = False) -> None:
+    """ValueError naming the first knob that breaks its rule (16: tl.dot's least tile; None: BLOCK_N); ``DECODE``
+    and ``PAIR_MLP`` are two paths, at most one on."""
     tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
     count, flag = ("an int >= 1", lambda v: _int(v) and v >= 1), ("a bool", lambda v: isinstance(v, bool))
     for name, value, (what, ok) in (("BLOCK_M", BLOCK_M, tile), ("BLOCK_N", BLOCK_N, tile), ("BLOCK_K", BLOCK_K, tile),
                                     ("BLOCK_N_DOWN", BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN, tile),
                                     ("GROUP_M", GROUP_M, count), ("SPLIT_K", SPLIT_K, count), ("TMA", TMA, flag),
-                                    ("DECODE", DECODE, flag)):
+                                    ("DECODE", DECODE, flag), ("PAIR_MLP", PAIR_MLP, flag)):
         if not ok(value):
             raise ValueError(f"fused_moe: {name} must be {what}, got {value!r}")
+    if DECODE and PAIR_MLP:
+        raise ValueError("fused_moe: DECODE and PAIR_MLP choose two paths; at most one may be True")
     if not _int(TAILS) or TAILS not in (0, 1, 2) or BLOCK_M >> TAILS < 16:
         raise ValueError("fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, "
                          f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")

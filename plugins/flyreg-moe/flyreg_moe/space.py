@@ -5,7 +5,9 @@ tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's red
 ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
 descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
 last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
-:func:`wide_down_fits`) and ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows). CPU knob:
+:func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and ``PAIR_MLP=True``
+(:mod:`.pair_mlp`, up to :data:`PAIR_ROWS` rows: BLOCK_N of N a program, BLOCK_K deep, BLOCK_N_DOWN output columns a
+step). CPU knob:
 ``EXPERT_GROUP`` (:mod:`.cpu`)."""
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its t
 #: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
+#: Rows (tokens) up to which the pair path is offered: it reads an expert's weights once per pair, and multiplies
+#: without tensor cores.
+PAIR_ROWS = 4
+#: The pair path's (BLOCK_N, BLOCK_K, num_warps): float32 products of gate and up kept per element, at most 32 a
+#: thread each (none spills at 2 to 4 stages, compiled for sm_90 off the device).
+PAIR_TILES = ((16, 128, 4), (16, 256, 4), (16, 256, 8), (16, 512, 8), (32, 64, 4), (32, 128, 4), (32, 128, 8),
+              (32, 256, 8), (64, 64, 4), (64, 64, 8), (64, 128, 8))
+PAIR_DOWNS, PAIR_STAGES = (64, 128), (2, 3, 4)  #: The pair path's output columns a step, and pipeline stages.
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
@@ -121,6 +131,15 @@ def decode_configs(spec: Mapping[str, Any]) -> list[Config]:
             <= SMEM_BYTES and (warps != 8 or bm * max(bn, bnd) >= 4096)]
 
 
+def pair_configs(spec: Mapping[str, Any]) -> list[Config]:
+    """Pair-path configs (none above :data:`PAIR_ROWS` rows)."""
+    if shape(spec)[0] > PAIR_ROWS:
+        return []
+    return [Config({"BLOCK_M": BLOCK_MS[0], "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1,
+                    "BLOCK_N_DOWN": bnd, "PAIR_MLP": True}, num_warps=warps, num_stages=stages)
+            for (bn, bk, warps), bnd, stages in itertools.product(PAIR_TILES, PAIR_DOWNS, PAIR_STAGES)]
+
+
 def decode_default(spec: Mapping[str, Any]) -> Config:
     """Decode-path default (GEMM 1 / GEMM 2 columns / depth / most stages, 4 warps): 32/64/128/5; above 16 rows
     64/32/128/4, the menu's best there."""
@@ -132,8 +151,8 @@ def decode_default(spec: Mapping[str, Any]) -> Config:
 
 def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     """Candidate configs for ``spec`` within shared memory and registers, row tiles up to twice the rows an expert
-    gets on average (so one tile holds an expert above its average: its weights read once), and
-    :func:`decode_configs`."""
+    gets on average (so one tile holds an expert above its average: its weights read once), :func:`decode_configs`
+    and :func:`pair_configs`."""
     (_, E, N, K, _), r = shape(spec), rows_per_expert(spec)
     max_bm, groups, out = max(BLOCK_MS[0], 2 * next_pow2(r)), _groups(spec), []
     tmas = (False, True) if tma_fits(E, N, K) else (False,)
@@ -146,7 +165,7 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
         downs = (None, WIDE_DOWN) if wide_down_fits(bm, bn, bk, warps, stages, K) else (None,)
         out += [_config(bm, bn, bk, g, s, tma, tail, down, warps, stages)
                 for g, s, tma, tail, down in itertools.product(groups, splits, tmas, tails, downs)]
-    return out + decode_configs(spec)
+    return out + decode_configs(spec) + pair_configs(spec)
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:

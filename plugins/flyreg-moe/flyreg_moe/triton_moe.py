@@ -10,7 +10,7 @@ import triton
 
 from flyreg.triton import ALIGN, compiled_launcher, hints, interpreted, resolve_pdl
 
-from . import decode, gemm_kernels as gk, routing, space
+from . import decode, gemm_kernels as gk, pair_mlp, routing, space
 from .checks import Launch, check_ids, check_knobs, check_moe, ids_checked
 
 REDUCE_BLOCK = 1024  #: Columns a reduction program covers at most.
@@ -38,7 +38,7 @@ def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, block_n: int, block_
 def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, *, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int,
                    TMA: bool = False, TAILS: int = 0, BLOCK_N_DOWN: int | None = None,
-                   DECODE: bool = False, num_warps: int | None = None,
+                   DECODE: bool = False, PAIR_MLP: bool = False, num_warps: int | None = None,
                    num_stages: int | None = None, pdl: bool | None = None) -> Launch:
     """Launcher ``run(x, w1, w2, topk_weights, topk_ids) -> out [M, K]`` for calls shaped like this one, with the knobs
     of :mod:`.space`, checked and compiled here: four launches (the routing, two GEMMs, the top-k reduction; five where
@@ -49,9 +49,10 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     ``FLYREG_MOE_CHECK_IDS=1`` (:func:`.checks.ids_checked`). ``TMA`` reads weight tiles by descriptors where
     :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's weights are 16-byte
     aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode` on the BLOCK_ knobs
-    (the others are checked and unused)."""
+    (the others are checked and unused). ``PAIR_MLP``: the two launches of :mod:`.pair_mlp` on BLOCK_N, BLOCK_K and
+    BLOCK_N_DOWN."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
-    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE)
+    check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE, PAIR_MLP)
     check_ids(topk_ids, E)
     bn_down, dtype, device = BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN, x.dtype, x.device
     pdl = resolve_pdl(device, pdl)  # each launch waits for the one before it, whose last programs it overlaps
@@ -60,6 +61,9 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     if DECODE:
         return ids_checked(decode.bind_decode(x, w1, w2, topk_weights, topk_ids, shape, BLOCK_M, BLOCK_N, BLOCK_K,
                                               bn_down, num_warps, num_stages, pdl), E)
+    if PAIR_MLP:
+        return ids_checked(pair_mlp.bind_pair_mlp(x, w1, w2, topk_weights, topk_ids, shape, BLOCK_N, BLOCK_K, bn_down,
+                                                  num_warps, num_stages, pdl), E)
     P, k_tiles, reduce_block = M * topk, triton.cdiv(N, BLOCK_K), min(REDUCE_BLOCK, space.next_pow2(K))
     plan = routing.RoutingPlan.of(P, E, BLOCK_M, TAILS)
     tiles_m, per_split = plan.tiles, triton.cdiv(k_tiles, max(1, min(SPLIT_K, k_tiles)))

@@ -319,24 +319,28 @@ def test_knobs_are_checked() -> None:
         triton_moe.bind_fused_moe(*args, **{**TILES[2], "TAILS": 3})
 
 
+PATHS = {"grouped": {}, "decode": {"DECODE": True}, "pair": {"PAIR_MLP": True}}  #: Each path's knob.
+
+
 @needs_triton
-@pytest.mark.parametrize("decode", [False, True])
-def test_dependent_launches_where_unsupported_are_an_error(decode: bool) -> None:
+@pytest.mark.parametrize("path", list(PATHS))
+def test_dependent_launches_where_unsupported_are_an_error(path: str) -> None:
     cpu_args = call(3, 4, 32, 32, 2)  # CPU tensors: no programmatic dependent launch
     with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability 9.0"):
-        triton_moe.bind_fused_moe(*cpu_args, **TILES[0], DECODE=decode, pdl=True)
+        triton_moe.bind_fused_moe(*cpu_args, **TILES[0], **PATHS[path], pdl=True)
     args = call(3, 4, 32, 32, 2, device=DEVICE)
-    out = triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode, pdl=False)(*args)
+    out = triton_moe.bind_fused_moe(*args, **TILES[0], **PATHS[path], pdl=False)(*args)
     assert rel_err(out, reference(*args)) < TOL[torch.bfloat16]
 
 
 @needs_triton
-@pytest.mark.parametrize(("decode", "launches", "counted"), [(False, 4, False), (False, 5, True), (True, 2, False)])
-def test_every_dependent_launch_waits_in_its_kernel(decode: bool, launches: int, counted: bool, monkeypatch) -> None:
+@pytest.mark.parametrize(("path", "launches", "counted"), [("grouped", 4, False), ("grouped", 5, True),
+                                                           ("decode", 2, False), ("pair", 2, False)])
+def test_every_dependent_launch_waits_in_its_kernel(path: str, launches: int, counted: bool, monkeypatch) -> None:
     """A launch marked ``launch_pdl`` whose kernel skipped its wait could read what the launch before is still
     writing: every launch of a call takes the PDL constexpr and the hint together, or neither."""
     from flyreg_moe import decode as decode_path
-    from flyreg_moe import routing
+    from flyreg_moe import pair_mlp, routing
 
     bound: list[tuple[dict, dict]] = []
 
@@ -344,14 +348,14 @@ def test_every_dependent_launch_waits_in_its_kernel(decode: bool, launches: int,
         bound.append((dict(constexprs), dict(hints)))
         return lambda *a: None
 
-    for module in (triton_moe, routing, decode_path):
+    for module in (triton_moe, routing, decode_path, pair_mlp):
         monkeypatch.setattr(module, "compiled_launcher", record)
     monkeypatch.setattr(routing, "ONE_LAUNCH_PAIRS", 0 if counted else routing.ONE_LAUNCH_PAIRS)  # counts launched
     args = call(3, 4, 32, 32, 2)
     for pdl in (True, False):
         bound.clear()
         monkeypatch.setattr(triton_moe, "resolve_pdl", lambda device, wanted, pdl=pdl: pdl)
-        triton_moe.bind_fused_moe(*args, **TILES[0], DECODE=decode)
+        triton_moe.bind_fused_moe(*args, **TILES[0], **PATHS[path])
         assert len(bound) == launches
         assert all(c["PDL"] is pdl and h.get("launch_pdl", False) is pdl for c, h in bound), bound
 
