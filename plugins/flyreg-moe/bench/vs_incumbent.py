@@ -8,7 +8,8 @@ Per cell (model shape, M), on one GPU, in one process:
   extension);
 * ``flyreg``: ``flyreg.op("fused_moe")``, serving what lookup gives (the shipped artifact, or the default);
 * ``default``: the op's kernels under its no-search default config;
-* with ``--menu``, up to 64 rows: the decode path under each tile of :data:`MENU` the spec's space offers;
+* with ``--menu``, up to 64 rows: the decode path under each tile of :data:`MENU` the spec's space offers, and
+  up to 4 rows the pair path under each of its configs at :data:`PAIR_MENU_STAGES` stages;
 * with ``--no-pdl``: the default config launched in plain stream order (``pdl=False``), beside ``default``,
   whose launches are programmatic dependents where the device has them: the two timed in the same run.
 
@@ -22,7 +23,7 @@ reported. ``floor`` is the weight-bandwidth floor: the bytes of the distinct exp
 the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = incumbent time / flyreg time.
 
     python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ... | --unseen] [--M 1 2 ...] [--json out.json]
-        [--menu]  (also time the decode path's menu, :data:`MENU`, at each cell)  [--no-pdl]
+        [--menu]  (also time the decode path's menu and the pair path's configs at each cell)  [--no-pdl]
 
 ``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
 ``unzip sglang-0.5.23-*.whl 'sglang/kernels/*' 'sglang/srt/layers/moe/*' -d DIR``.
@@ -63,6 +64,7 @@ REPLAY_MS = 2.0
 #: Those outside the spec's space are skipped.
 MENU = (*((bn, bnd, bk, 4, 4) for bn in (16, 32, 64) for bnd in (32, 64, 128) for bk in (128, 256)),
         (32, 64, 128, 4, 3), (32, 64, 128, 4, 5), (32, 64, 256, 4, 3))
+PAIR_MENU_STAGES = 3  #: The stages of the pair-path configs --menu times (all of the space's others).
 
 
 def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
@@ -109,6 +111,10 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
                           "BLOCK_N_DOWN": bnd, "DECODE": True}, num_warps=warps, num_stages=stages)
             if cfg in offered:
                 configs[f"menu {bn}/{bnd}/{bk}/{warps}w/{stages}s"] = cfg
+        for cfg in space.pair_configs(spec):
+            if cfg.hints["num_stages"] == PAIR_MENU_STAGES:
+                k = cfg.kwargs
+                configs[f"menu pair {k['BLOCK_N']}/{k['BLOCK_N_DOWN']}/{k['BLOCK_K']}/{cfg.hints['num_warps']}w"] = cfg
     op = flyreg.op("fused_moe")
     runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
     for key, cfg in configs.items():
@@ -162,7 +168,8 @@ def main() -> None:
     p.add_argument("--sets", type=int, default=8, help="input sets the calls of a replay cycle through")
     p.add_argument("--reps", type=int, default=5, help="replays a timing takes the median of")
     p.add_argument("--rounds", type=int, default=3, help="timings of each implementation a cell takes the median of")
-    p.add_argument("--menu", action="store_true", help="also time the decode path's menu of tiles")
+    p.add_argument("--menu", action="store_true",
+                   help="also time the decode path's menu of tiles, and the pair path's configs at 3 stages")
     p.add_argument("--no-pdl", action="store_true", help="also time the default launched without PDL")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
