@@ -13,10 +13,13 @@ for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy inst
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --tile 128,128,64,8,4,2880,2880 --variant TMA --json regs.json
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --routing --json regs.json
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --decode --json regs.json
+    python plugins/flyreg-moe/bench/moe_kernel_regs.py --pair 128,2048,768,8 [--stages 4] --json regs.json
 
 ``--decode`` compiles the decode path's two kernels for each decode config of the shipped artifacts, and of the
 default at their specs, as
-programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions.
+programmatic dependents (Hopper), and also counts their atomics and grid-dependency instructions. ``--pair
+E,K,N,topk`` does the same for the pair path's two kernels under each pair config that spec's space offers (those of
+``--stages`` stages only, where given).
 """
 
 from __future__ import annotations
@@ -186,13 +189,48 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
     return rows
 
 
+def pair_counts(arch: int, E: int, K: int, N: int, topk: int, stages: int | None = None) -> list[dict[str, Any]]:
+    """Both pair-path kernels of each pair config the space offers for (E, K, N, topk), of ``stages`` stages
+    only where given (the summing kernel once per distinct compile)."""
+    from flyreg_moe import pair_mlp
+
+    types = {"pair_mlp": ["*bf16"] * 3 + ["*fp32", "*i32", "*fp32"] + ["i32"] * 5,  # X W1 W2 Y IDS TW, ints
+             "pair_sum": ["*fp32", "*bf16", "i32", "i32"]}  # Y OUT parts K
+    seen, rows = set(), []
+    for cfg in space.pair_configs({"E": E, "K": K, "N": N, "topk": topk, "M": 1}):
+        kw, warps, depth = cfg.kwargs, cfg.hints["num_warps"], cfg.hints["num_stages"]
+        if stages is not None and depth != stages:
+            continue
+        consts = pair_mlp.constexprs(K, N, topk, kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_N_DOWN"], depth, arch >= 90)
+        for which, c, w, st in (("pair_mlp", consts[0], warps, depth), ("pair_sum", consts[1], 4, None)):
+            key = (which, tuple(sorted(c.items())), w, st)
+            if key in seen:
+                continue
+            seen.add(key)
+            row: dict[str, Any] = {"kernel": which, "config": [kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_N_DOWN"], w, st],
+                                   "K": K, "N": N, "E": E, "topk": topk}
+            try:
+                row["binary"] = describe(compile_kernel(getattr(pair_mlp, f"_{which}_kernel"), types[which], c, arch,
+                                                        w, st), arch)
+            except Exception as e:  # a failed compile is a result too
+                row["binary"] = failure(e)
+            rows.append(row)
+            print(f"{which} {row['config']} K={K} N={N}: {row['binary']}", flush=True)
+    return rows
+
+
+def grouped(kw: dict[str, Any]) -> bool:
+    """Whether a config's knobs take the grouped path (whose GEMM binaries this tool compares)."""
+    return not kw.get("DECODE") and not kw.get("PAIR_MLP")
+
+
 def served_binaries() -> Iterable[Binary]:
     """Each distinct :data:`Binary` the shipped Triton artifacts compile."""
     seen = set()
     for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
         a = json.loads(path.read_text(encoding="utf-8"))
         spec, kw, hints = a["spec"], a["config"]["kwargs"], a["config"]["hints"]
-        if spec["backend"] == "triton" and not kw.get("DECODE"):
+        if spec["backend"] == "triton" and grouped(kw):
             tile = (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], hints.get("num_warps", 4), hints.get("num_stages", 3))
             seen.add((tile, spec["K"], spec["N"], kw["SPLIT_K"] > 1, kw.get("BLOCK_N_DOWN")))
     return sorted(seen, key=repr)
@@ -202,7 +240,7 @@ def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[Binary
     configs = space.triton_configs({"E": E, "K": K, "N": N, "topk": topk, "M": M})
     return sorted({((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.hints["num_warps"],
                      c.hints["num_stages"]), K, N, c.kwargs["SPLIT_K"] > 1, c.kwargs.get("BLOCK_N_DOWN"))
-                   for c in configs}, key=repr)
+                   for c in configs if grouped(c.kwargs)}, key=repr)
 
 
 def main() -> None:
@@ -214,14 +252,17 @@ def main() -> None:
     what.add_argument("--routing", action="store_true",
                       help="the routing kernels (one launch; counted, with the tile table)")
     what.add_argument("--decode", action="store_true", help="the decode kernels of the shipped decode configs")
+    what.add_argument("--pair", help="E,K,N,topk: the pair-path kernels of each pair config this spec's space offers")
+    p.add_argument("--stages", type=int, default=None, help="with --pair, only the configs of this many stages")
     p.add_argument("--variant", type=variant, default={"tma": True},
                    help="knobs compared with pointer loads, no tails and GEMM 2 as wide as GEMM 1: TMA "
                         "(the default), TAILS=1 or 2, BLOCK_N_DOWN=256, or a mix")
     p.add_argument("--arch", type=int, default=90, help="compute capability, 90 for the H200")
     p.add_argument("--json", required=True)
     a = p.parse_args()
-    if a.routing or a.decode:
-        rows = routing_counts(a.arch) if a.routing else decode_counts(a.arch)
+    if a.routing or a.decode or a.pair:
+        rows = (routing_counts(a.arch) if a.routing else decode_counts(a.arch) if a.decode
+                else pair_counts(a.arch, *map(int, a.pair.split(",")), stages=a.stages))
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"meta": {"triton": triton.__version__, "arch": a.arch}, "rows": rows}, f, indent=1)
         return

@@ -4,7 +4,8 @@ Per model shape and M bucket, the config lookup serves is bound once and called 
 under ``torch.profiler`` (CUDA activity), the calls cycling through ``--sets`` input sets of their own routing
 (one copy of the weights), so a call rarely finds its experts' weights in L2. Kernel times are summed by kernel and
 divided by the calls: routing, GEMM 1, GEMM 2 and the top-k reduction (the decode
-path's two kernels count as the GEMMs, its GEMM 2 summing the pairs). Each GEMM is also given in TFLOP/s over
+path's two kernels count as the GEMMs, its GEMM 2 summing the pairs; the pair path's first kernel, both GEMMs of
+a pair in one program, counts as ``mlp``, its second as the reduction). Each GEMM is also given in TFLOP/s over
 the real pairs (GEMM 1 4 * P * N * K flops, GEMM 2 2 * P * N * K, P = M * topk), beside cuBLAS
 (``torch.matmul``) on a dense bf16 GEMM of the same size ([P, K] x [K, 2N] and [P, N] x [N, K]), timed as
 ``moe_bench.py`` times (CUDA-graph replays), and as its share of its weight floor: the selected experts' w1
@@ -36,7 +37,8 @@ from flyreg_moe_bench.moe_bench import copy_bandwidth, distinct_experts, routed,
 
 #: Stage of each of the op's kernels (Triton names a kernel after its function).
 STAGES = {"_count_kernel": "routing", "_route_kernel": "routing", "_gate_up_kernel": "gemm1", "_down_kernel": "gemm2",
-          "_reduce_kernel": "reduce", "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2"}
+          "_reduce_kernel": "reduce", "_decode_gate_up_kernel": "gemm1", "_decode_down_kernel": "gemm2",
+          "_pair_mlp_kernel": "mlp", "_pair_sum_kernel": "reduce"}
 
 
 def stage_of(kernel: str) -> str:
@@ -94,9 +96,10 @@ def stages_cell(name: str, M: int, calls: int, reps: int, sets: int, bw: float) 
 
     dense1, dense2 = dense_ms(P, K, 2 * N), dense_ms(P, N, K)
     call = time_ms(lambda: [one_call() for _ in range(sets)], reps)[0] / sets  # a replay takes every set
-    flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K}
+    flops = {"gemm1": 4 * P * N * K, "gemm2": 2 * P * N * K, "mlp": 6 * P * N * K}
     weight_bytes = {"gemm1": distinct * w1[0].numel() * w1.element_size(),
                     "gemm2": distinct * w2[0].numel() * w2.element_size()}
+    weight_bytes["mlp"] = weight_bytes["gemm1"] + weight_bytes["gemm2"]
     floor_pct = {g: 100 * weight_bytes[g] / bw / (ms[g] * 1e-3) for g in flops if ms.get(g)}
     return {"model": name, "M": M, "config": served.to_json(), "stage_ms": ms, "call_ms": call,
             "floor_pct": floor_pct, "kernels_ms": sum(ms.values()), "dense_ms": {"gemm1": dense1, "gemm2": dense2},
@@ -119,17 +122,17 @@ def main() -> None:
     bw = copy_bandwidth(repeats=20)
     rows: list[dict[str, Any]] = []
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    print("model | M | call us | kernels us | routing | gemm1 | gemm2 | reduce | gemm1 TF/s (dense) | "
-          "gemm2 TF/s (dense) | gemm1 % floor | gemm2 % floor", flush=True)
+    print("model | M | call us | kernels us | routing | gemm1 | gemm2 | mlp | reduce | gemm1 TF/s (dense) | "
+          "gemm2 TF/s (dense) | gemm1 % floor | gemm2 % floor | mlp % floor", flush=True)
     for model in a.shapes:
         for M in a.M:
             r = stages_cell(model, M, a.calls, a.reps, a.sets, bw)
             rows.append(r)
             s, t, d = r["stage_ms"], r["tflops"], r["dense_tflops"]
             print(f"{model} | {M} | {r['call_ms'] * 1e3:.1f} | {r['kernels_ms'] * 1e3:.1f} | "
-                  + " | ".join(f"{s.get(k, 0.0) * 1e3:.1f}" for k in ("routing", "gemm1", "gemm2", "reduce"))
+                  + " | ".join(f"{s.get(k, 0.0) * 1e3:.1f}" for k in ("routing", "gemm1", "gemm2", "mlp", "reduce"))
                   + f" | {t.get('gemm1', 0):.0f} ({d['gemm1']:.0f}) | {t.get('gemm2', 0):.0f} ({d['gemm2']:.0f})"
-                  + "".join(f" | {r['floor_pct'].get(g, 0):.0f}" for g in ("gemm1", "gemm2")), flush=True)
+                  + "".join(f" | {r['floor_pct'].get(g, 0):.0f}" for g in ("gemm1", "gemm2", "mlp")), flush=True)
             with open(a.json, "w", encoding="utf-8") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "rows": rows},
                           f, indent=1)

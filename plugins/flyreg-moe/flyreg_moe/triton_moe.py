@@ -50,7 +50,7 @@ def bind_fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     :func:`.space.tma_fits` the shapes, the device has it (:func:`tma_hardware`) and a call's weights are 16-byte
     aligned (else pointer loads, compiled here too). ``DECODE``: the two launches of :mod:`.decode` on the BLOCK_ knobs
     (the others are checked and unused). ``PAIR_MLP``: the two launches of :mod:`.pair_mlp` on BLOCK_N, BLOCK_K and
-    BLOCK_N_DOWN."""
+    BLOCK_N_DOWN (the others are checked and unused)."""
     shape = M, K, N, E, topk, x_stride = check_moe(x, w1, w2, topk_weights, topk_ids)
     check_knobs(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, TMA, TAILS, BLOCK_N_DOWN, DECODE, PAIR_MLP)
     check_ids(topk_ids, E)

@@ -1,5 +1,6 @@
 """The fused-MoE kernels compile for the H200's target (sm_90a) without a GPU: the GEMMs with each knob,
-the shipped decode configs' two kernels and the routing kernel, each as a dependent launch.
+the shipped decode configs' two kernels, the pair path's two under each config its space offers and the routing
+kernel, each as a dependent launch.
 
 The CPU suite runs the kernels in Triton's interpreter, which does not compile them: it once passed a
 tail-tile path that Triton's compiler refused. ``bench/moe_kernel_regs.py`` compiles them (a tile's two
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from flyreg_moe import space
 
 SCRIPT = "flyreg_moe_bench.moe_kernel_regs"
 #: The H200's shared memory a block may use.
@@ -77,3 +80,23 @@ def test_routing_kernel_compiles_for_sm90_as_a_dependent_launch(tmp_path: Path) 
         for binary in (row["base"], row["variant"], row["count"]):  # one launch; counted, with the tile table
             assert "error" not in binary and binary["regs"] <= 255 and binary["spill_bytes"] in (0, None), row
             assert binary["griddep"] >= 2, row  # waits for the launch before, then releases the next
+
+
+@pytest.mark.parametrize(("shape", "stages"), [((32, 2880, 2880, 4), None), ((128, 2048, 768, 8), 4)],
+                         ids=["gpt-oss-every-config", "qwen3-4-stages"])  # K, N not multiples of 128; multiples
+def test_pair_configs_compile_for_sm90_as_pipelined_dependent_launches(shape: tuple[int, ...], stages: int | None,
+                                                                       tmp_path: Path) -> None:
+    flags = ["--pair", ",".join(map(str, shape))] + ([] if stages is None else ["--stages", str(stages)])
+    rows = compiled(tmp_path, *flags)["rows"]
+    E, K, N, topk = shape
+    offered = [c for c in space.pair_configs({"E": E, "K": K, "N": N, "topk": topk, "M": 1})
+               if stages is None or c.hints["num_stages"] == stages]
+    assert len([r for r in rows if r["kernel"] == "pair_mlp"]) == len(offered) > 0
+    assert {r["kernel"] for r in rows} == {"pair_mlp", "pair_sum"}
+    for row in rows:
+        b = row["binary"]
+        assert "error" not in b, row
+        assert b["smem"] <= SMEM_LIMIT and b["regs"] <= 255 and b["spill_bytes"] in (0, None), row
+        assert b["griddep"] >= 2 and b["atomic"] == 0 and b["wgmma"] == 0, row  # no tensor cores, fixed-order sums
+        if row["kernel"] == "pair_mlp":
+            assert b["cp_async"] > 0, row  # the weight loads are pipelined (plain loops were not)

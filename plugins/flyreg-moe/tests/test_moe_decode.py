@@ -18,6 +18,7 @@ from moe_cases import (DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, 
 
 DECODE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "DECODE": True}
 GROUPED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1}
+PAIR = {**GROUPED, "PAIR_MLP": True}
 
 
 @needs_triton
@@ -50,7 +51,7 @@ def test_decode_launcher_serves_new_routings_and_drops_out_of_range_pairs() -> N
 
 
 @needs_triton
-@pytest.mark.parametrize("knobs", [DECODE, GROUPED], ids=["decode", "grouped"])
+@pytest.mark.parametrize("knobs", [DECODE, GROUPED, PAIR], ids=["decode", "grouped", "pair"])
 def test_checked_mode_checks_every_call(knobs: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     x, w1, w2, tw, ids = call(3, 4, 32, 32, 2, device=DEVICE)
     bad = ids.clone()

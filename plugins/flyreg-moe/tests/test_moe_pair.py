@@ -8,17 +8,19 @@ import torch
 
 from flyreg_moe import cpu, space
 
-from moe_cases import DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_call, triton_moe
+from moe_cases import (DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_call,
+                        triton_moe)
 
 PAIR = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "PAIR_MLP": True}
 
 
 @needs_triton
 @pytest.mark.parametrize(("case", "tile", "dtype"), [
-    ((1, 8, 48, 40, 2, "random"), (16, 16, 16, 2), torch.bfloat16),  # N, K not multiples of the tiles
+    ((1, 8, 40, 40, 2, "random"), (16, 16, 16, 2), torch.bfloat16),  # N, K not multiples of the tiles
+    ((2, 8, 40, 64, 2, "random"), (16, 16, 32, 2), torch.bfloat16),  # N not a multiple, K one of every tile
     ((3, 6, 40, 56, 3, "one"), (32, 32, 16, 3), torch.float16),  # every pair to one expert: a token names it 3 times
     ((4, 8, 64, 64, 2, "skewed"), (16, 64, 64, 2), torch.bfloat16),  # experts with no token; tiles that divide
-], ids=["one-token", "one-expert", "even"])
+], ids=["one-token", "uneven-n", "one-expert", "even"])
 def test_pair_path_matches_reference(case: tuple, tile: tuple, dtype: torch.dtype) -> None:
     M, E, N, K, topk, routing = case
     bn, bk, bnd, stages = tile
@@ -33,7 +35,7 @@ def test_pair_path_matches_reference(case: tuple, tile: tuple, dtype: torch.dtyp
 def test_pair_sum_walks_many_partials(monkeypatch: pytest.MonkeyPatch) -> None:
     from flyreg_moe import pair_mlp
 
-    monkeypatch.setattr(pair_mlp, "SUM_PARTS", 4)  # 2 pairs x 5 chunks a token: three loads of partials, one part
+    monkeypatch.setattr(pair_mlp, "SUM_PARTS", 4)  # 2 pairs x 5 chunks a token: loads of 4, 4 and 2 partials
     args = call(2, 8, 80, 48, 2, device=DEVICE, seed=5)
     assert rel_err(triton_call(*args, **PAIR), reference(*args)) < TOL[torch.bfloat16]
 
@@ -49,6 +51,16 @@ def test_pair_launcher_serves_new_routings_and_drops_out_of_range_pairs() -> Non
     assert rel_err(run(x, w1, w2, tw, ids), reference(x, w1, w2, kept_tw, ok_ids)) < TOL[torch.bfloat16]
     ids.fill_(8)  # no pair in range: out is zero, not left unwritten
     assert torch.equal(run(x, w1, w2, tw, ids), torch.zeros_like(x))
+
+
+@needs_triton
+def test_pair_path_reads_rows_by_their_stride() -> None:
+    x, w1, w2, tw, ids = call(3, 6, 40, 48, 2, device=DEVICE, seed=7)
+    wide = torch.randn(3, 80, dtype=x.dtype, device=DEVICE)
+    wide[:, 16:64] = x  # x's rows 80 apart, not K
+    strided = wide[:, 16:64]
+    out = triton_call(strided, w1, w2, tw, ids, **PAIR)
+    assert rel_err(out, reference(x, w1, w2, tw, ids)) < TOL[torch.bfloat16]
 
 
 def test_pair_knob_is_checked() -> None:

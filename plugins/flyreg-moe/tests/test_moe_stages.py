@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from flyreg_moe import decode, gemm_kernels, routing
+from flyreg_moe import decode, gemm_kernels, pair_mlp, routing
 from flyreg_moe_bench import moe_stages
 
 
 def test_every_stage_names_a_kernel_of_the_op() -> None:
-    kernels = {name for module in (gemm_kernels, routing, decode) for name in vars(module)
+    kernels = {name for module in (gemm_kernels, routing, decode, pair_mlp) for name in vars(module)
                if name.endswith("_kernel")}
     assert set(moe_stages.STAGES) == kernels  # a renamed or new kernel must be given its stage
     assert moe_stages.stage_of("_decode_down_kernel") == "gemm2" and moe_stages.stage_of("_down_kernel") == "gemm2"
     assert moe_stages.stage_of("_decode_gate_up_kernel") == "gemm1"
+    assert moe_stages.stage_of("_pair_mlp_kernel") == "mlp" and moe_stages.stage_of("_pair_sum_kernel") == "reduce"
 
 
 def test_stage_ms_sums_each_stage_per_call() -> None:
