@@ -4,7 +4,7 @@ columns of a tile, in GEMM 1 as many gate and as many up), ``BLOCK_K`` (reductio
 tiles a group of programs walks per column tile), ``SPLIT_K`` (ways GEMM 2's reduction over N is split), the hints
 ``num_warps`` and ``num_stages``, and, absent meaning off: ``TMA=True`` (weight tiles read through tensor
 descriptors, where :func:`tma_fits`), ``TAILS`` (1 or 2: each expert's run padded to ``BLOCK_M >> TAILS`` rows, its
-last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, 256 beside GEMM 1's 128 where
+last tile that high, where :func:`tails_fit`), ``BLOCK_N_DOWN`` (GEMM 2's columns, twice GEMM 1's BLOCK_N where
 :func:`wide_down_fits`), ``DECODE=True`` (:mod:`.decode`, up to :data:`DECODE_ROWS` rows) and ``PAIR_MLP=True``
 (:mod:`.pair_mlp`, up to :data:`PAIR_ROWS` rows: BLOCK_N of N a program, BLOCK_K deep, BLOCK_N_DOWN output columns a
 step). CPU knob:
@@ -24,8 +24,9 @@ M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
 #: The values each knob and hint takes in the spaces.
 BLOCK_MS, BLOCK_NS, BLOCK_KS = (16, 32, 64, 128), (32, 64, 128, 256), (64, 128, 256)
 GROUP_MS, SPLIT_KS, WARPS, STAGES = (1, 4, 8, 16, 32), (1, 2, 4, 8), (4, 8), (2, 3, 4, 5)
-#: Halvings of BLOCK_M an expert's last row tile may take (0: none), and GEMM 2's columns beside GEMM 1's 128.
-TAILS, WIDE_DOWN = (0, 1, 2), 256
+#: Halvings of BLOCK_M an expert's last row tile may take (0: none), and GEMM 2's widths offered beside GEMM 1's half as
+#: wide (none below 128: at 32-column GEMM 1 tiles the rows are few and the decode path serves).
+TAILS, WIDE_DOWNS = (0, 1, 2), (128, 256)
 
 SMEM_BYTES = 227 * 1024 - 8 * 1024  #: Shared memory a program may use on the H200: 227 KiB a block, less epilogue room.
 MAX_ACC_PER_THREAD = 128  #: Most float32 accumulator elements a thread holds in GEMM 1 (gate and up): more would spill.
@@ -86,9 +87,12 @@ def tails_fit(r: int, bm: int, tails: int) -> bool:
 
 
 def wide_down_fits(bm: int, bn: int, bk: int, warps: int, stages: int, K: int) -> bool:
-    """Whether GEMM 2 may be :data:`WIDE_DOWN` wide beside GEMM 1's ``bn`` = 128: K spans it, registers and smem fit."""
-    return (bn == 128 and K >= WIDE_DOWN and bm * WIDE_DOWN <= MAX_ACC_PER_THREAD * 32 * warps
-            and _smem(bm, bk, WIDE_DOWN, stages) <= SMEM_BYTES)
+    """Whether GEMM 2 may be ``2 * bn`` wide beside GEMM 1's ``bn`` (gate and up ``bn`` each, so the same accumulator
+    and pipeline bytes; SGLang's one BLOCK_SIZE_N counts them apart, so its GEMM 2 tiles are that wide): it is one of
+    :data:`WIDE_DOWNS`, K spans it, registers and smem fit."""
+    down = 2 * bn
+    return (down in WIDE_DOWNS and K >= down and bm * down <= MAX_ACC_PER_THREAD * 32 * warps
+            and _smem(bm, bk, down, stages) <= SMEM_BYTES)
 
 
 def _smem(bm: int, bk: int, cols: int, stages: int) -> int:
@@ -162,7 +166,7 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
             continue
         splits = [s for s in SPLIT_KS if s == 1 or (r <= SPLIT_ROWS and -(-N // bk) >= 2 * s)]
         tails = [t for t in TAILS if tails_fit(r, bm, t)]
-        downs = (None, WIDE_DOWN) if wide_down_fits(bm, bn, bk, warps, stages, K) else (None,)
+        downs = (None, 2 * bn) if wide_down_fits(bm, bn, bk, warps, stages, K) else (None,)
         out += [_config(bm, bn, bk, g, s, tma, tail, down, warps, stages)
                 for g, s, tma, tail, down in itertools.product(groups, splits, tmas, tails, downs)]
     return out + decode_configs(spec) + pair_configs(spec)
@@ -182,7 +186,7 @@ def triton_default(spec: Mapping[str, Any]) -> Config:
     group = max(g for g in _groups(spec) if g <= group)
     tma = r > 16 and tma_fits(E, N, K)
     tails = max(t for t in TAILS if t <= tails and tails_fit(r, bm, t))
-    down = WIDE_DOWN if bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K) else None
+    down = 2 * bn if bm == 128 and wide_down_fits(bm, bn, bk, warps, stages, K) else None
     return _config(bm, bn, bk, group, default_split(spec, bm, bn, bk, down), tma, tails, down, warps, stages)
 
 

@@ -30,6 +30,7 @@ CASES = [
     ("32,128,64,4,4,2880,2880", "TAILS=1"),       # a 16-row tail path
     ("16,128,128,4,3,2048,768", "TMA"),           # a decode tile
     ("128,128,64,8,4,2880,2880", "TMA,TAILS=2,BLOCK_N_DOWN=256"),  # the default's 128-row tile, GEMM 2 256 wide
+    ("64,64,128,8,4,4096,14336", "TMA,BLOCK_N_DOWN=128"),  # SGLang's Mixtral M = 128 tile: GEMM 2 twice GEMM 1
 ]
 
 

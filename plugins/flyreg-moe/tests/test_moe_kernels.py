@@ -434,6 +434,21 @@ def test_gpu_tail_tiles_on_model_shapes(model: str, M: int) -> None:
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("model", list(MODEL))
+@pytest.mark.parametrize("M", [64, 512])
+def test_gpu_gemm_2_twice_as_wide_as_gemm_1_on_model_shapes(model: str, M: int) -> None:
+    # GEMM 1's 64 gate and 64 up columns beside GEMM 2's 128 (the pairing of SGLang's tiles), by pointers and by TMA.
+    args = _gpu_call(M, MODEL[model])
+    ref = cpu.fused_moe_reference(*args)
+    for bm, bk, warps, stages, tma in ((32, 128, 4, 3, False), (64, 128, 8, 4, True), (64, 64, 4, 3, False)):
+        knobs = {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "TMA": tma,
+                 "BLOCK_N_DOWN": 128}
+        out = triton_call(*args, **knobs, num_warps=warps, num_stages=stages)
+        assert rel_err(out, ref) < TOL[torch.bfloat16], knobs
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("M", [1, 16, 300])
 def test_gpu_dependent_launches_give_the_bits_of_plain_ones(M: int) -> None:
     """Each launch waits for the one before it (PDL on Hopper): the same bits as launches in plain stream order,

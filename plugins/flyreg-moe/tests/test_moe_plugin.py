@@ -142,17 +142,26 @@ def test_the_default_takes_tma_and_tails_above_16_rows_an_expert(shape: str, M: 
 def test_wide_gemm_2_tiles_are_offered_where_they_fit() -> None:
     spec = {"E": 32, "K": 2880, "N": 2880, "topk": 4, "M": 4096}
     configs = space.triton_configs(spec)
-    wide = [c for c in configs if "BLOCK_N_DOWN" in c.kwargs]
-    assert wide and all(c.kwargs["BLOCK_N_DOWN"] == 256 and c.kwargs["BLOCK_N"] == 128 for c in wide)
-    for c in wide:  # GEMM 2's 256-wide accumulator and pipeline fit, and each has its 128-wide twin
-        k, h = c.kwargs, c.hints
-        assert k["BLOCK_M"] * 256 <= space.MAX_ACC_PER_THREAD * 32 * h["num_warps"]
-        assert h["num_stages"] * (k["BLOCK_M"] * k["BLOCK_K"] + k["BLOCK_K"] * 256) * 2 <= space.SMEM_BYTES
+    grouped = [c for c in configs if not c.kwargs.get("DECODE") and not c.kwargs.get("PAIR_MLP")]
+    wide = [c for c in grouped if "BLOCK_N_DOWN" in c.kwargs]
+    assert wide and all(c.kwargs["BLOCK_N_DOWN"] == 2 * c.kwargs["BLOCK_N"] for c in wide)
+    assert {c.kwargs["BLOCK_N_DOWN"] for c in wide} == set(space.WIDE_DOWNS)
+    for c in wide:  # GEMM 2's wide accumulator and pipeline fit, and each has its twin as wide as GEMM 1
+        k, h, down = c.kwargs, c.hints, c.kwargs["BLOCK_N_DOWN"]
+        assert k["BLOCK_M"] * down <= space.MAX_ACC_PER_THREAD * 32 * h["num_warps"]
+        assert h["num_stages"] * (k["BLOCK_M"] * k["BLOCK_K"] + k["BLOCK_K"] * down) * 2 <= space.SMEM_BYTES
         assert Config({n: v for n, v in k.items() if n != "BLOCK_N_DOWN"}, **h) in configs
-    assert {(c.kwargs["BLOCK_M"], c.hints["num_warps"]) for c in wide} >= {(128, 8), (64, 4)}
-    assert (128, 4) not in {(c.kwargs["BLOCK_M"], c.hints["num_warps"]) for c in wide}  # 256 fp32 a thread
-    narrow = {**spec, "K": 200}  # K narrower than one 256-wide tile: never offered
-    assert all("BLOCK_N_DOWN" not in c.kwargs for c in space.triton_configs(narrow))
+    # every grouped tile whose doubled width is offered has its wide twin (SGLang's pairing of the two GEMMs' tiles)
+    for c in grouped:
+        if "BLOCK_N_DOWN" not in c.kwargs and 2 * c.kwargs["BLOCK_N"] in space.WIDE_DOWNS:
+            assert Config({**c.kwargs, "BLOCK_N_DOWN": 2 * c.kwargs["BLOCK_N"]}, **c.hints) in configs, c
+    by_width = {d: {(c.kwargs["BLOCK_M"], c.hints["num_warps"]) for c in wide if c.kwargs["BLOCK_N_DOWN"] == d}
+                for d in space.WIDE_DOWNS}
+    assert by_width[256] >= {(128, 8), (64, 4)} and by_width[128] >= {(128, 8), (64, 4), (32, 4)}
+    assert (128, 4) not in by_width[256]  # 256 float32 a thread
+    narrow = {**spec, "K": 200}  # K narrower than a 256-wide tile: only the 128-wide ones
+    assert {c.kwargs.get("BLOCK_N_DOWN") for c in space.triton_configs(narrow) if not c.kwargs.get("DECODE")
+            and not c.kwargs.get("PAIR_MLP")} == {None, 128}
     assert "BLOCK_N_DOWN" not in space.triton_default(narrow).kwargs
 
 
