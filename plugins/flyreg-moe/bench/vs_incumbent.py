@@ -9,7 +9,9 @@ Per cell (model shape, M), on one GPU, in one process:
 * ``flyreg``: ``flyreg.op("fused_moe")``, serving what lookup gives (the shipped artifact, or the default);
 * ``default``: the op's kernels under its no-search default config;
 * with ``--menu``, up to 64 rows: the decode path under each tile of :data:`MENU` the spec's space offers, and
-  up to 4 rows the pair path under each of its configs at :data:`PAIR_MENU_STAGES` stages;
+  up to 4 rows the pair path under each of its configs at :data:`PAIR_MENU_STAGES` stages; above 16 rows the
+  grouped path under each tile of :data:`GROUPED_MENU` the space offers (GROUP_M 1 and the most up to 16, TMA off
+  and on, no split, no tails);
 * with ``--no-pdl``: the default config launched in plain stream order (``pdl=False``), beside ``default``,
   whose launches are programmatic dependents where the device has them: the two timed in the same run.
 
@@ -23,7 +25,7 @@ reported. ``floor`` is the weight-bandwidth floor: the bytes of the distinct exp
 the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = incumbent time / flyreg time.
 
     python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ... | --unseen] [--M 1 2 ...] [--json out.json]
-        [--menu]  (also time the decode path's menu and the pair path's configs at each cell)  [--no-pdl]
+        [--menu]  (also time the decode and grouped menus and the pair path's configs at each cell)  [--no-pdl]
 
 ``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
 ``unzip sglang-0.5.23-*.whl 'sglang/kernels/*' 'sglang/srt/layers/moe/*' -d DIR``.
@@ -65,6 +67,11 @@ REPLAY_MS = 2.0
 MENU = (*((bn, bnd, bk, 4, 4) for bn in (16, 32, 64) for bnd in (32, 64, 128) for bk in (128, 256)),
         (32, 64, 128, 4, 3), (32, 64, 128, 4, 5), (32, 64, 256, 4, 3))
 PAIR_MENU_STAGES = 3  #: The stages of the pair-path configs --menu times (all of the space's others).
+#: Grouped-path tiles timed with --menu: (BLOCK_M, BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages). The
+#: tilings of SGLang's shipped H200 configs at Mixtral M = 64, 128, 256 and Qwen3 M = 512 (its BLOCK_SIZE_N is GEMM
+#: 1's gate and up columns counted apart, and GEMM 2's), and the default's largest tile.
+GROUPED_MENU = ((32, 64, 128, 128, 4, 3), (64, 64, 128, 128, 8, 4), (64, 64, 128, 64, 4, 3), (128, 128, 256, 64, 8, 4))
+GROUPED_MENU_ROWS = 16  #: Rows above which --menu times the grouped tiles.
 
 
 def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
@@ -92,6 +99,23 @@ def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
     return statistics.median(times) / len(calls)
 
 
+def grouped_menu(spec: dict[str, Any]) -> dict[str, Config]:
+    """The configs of :data:`GROUPED_MENU` that the spec's space offers, by name: GROUP_M 1 and the most it offers
+    up to 16, TMA off and on, no split and no tails."""
+    offered, out = set(space.triton_configs(spec)), {}
+    for bm, bn, bnd, bk, warps, stages in GROUPED_MENU:
+        tile = [c for c in offered if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN"),
+                                       c.kwargs["BLOCK_K"], c.hints["num_warps"], c.hints["num_stages"])
+                == (bm, bn, bnd, bk, warps, stages) and c.kwargs["SPLIT_K"] == 1 and not c.kwargs.get("TAILS")]
+        groups = {c.kwargs["GROUP_M"] for c in tile}
+        picked = {1, max((g for g in groups if g <= 16), default=1)}
+        for cfg in tile:
+            if cfg.kwargs["GROUP_M"] in picked:
+                tma = "tma" if cfg.kwargs.get("TMA") else "ptr"
+                out[f"menu grouped {bm}/{bn}/{bnd}/{bk}/{warps}w/{stages}s/g{cfg.kwargs['GROUP_M']}/{tma}"] = cfg
+    return out
+
+
 def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, rounds: int, bw: float,
                menu: bool, no_pdl: bool = False) -> dict[str, Any]:
     E, K, N, topk = SHAPES[name]
@@ -115,6 +139,8 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
             if cfg.hints["num_stages"] == PAIR_MENU_STAGES:
                 k = cfg.kwargs
                 configs[f"menu pair {k['BLOCK_N']}/{k['BLOCK_N_DOWN']}/{k['BLOCK_K']}/{cfg.hints['num_warps']}w"] = cfg
+    if menu and M > GROUPED_MENU_ROWS:
+        configs.update(grouped_menu(spec))
     op = flyreg.op("fused_moe")
     runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
     for key, cfg in configs.items():
@@ -169,7 +195,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="replays a timing takes the median of")
     p.add_argument("--rounds", type=int, default=3, help="timings of each implementation a cell takes the median of")
     p.add_argument("--menu", action="store_true",
-                   help="also time the decode path's menu of tiles, and the pair path's configs at 3 stages")
+                   help="also time the decode path's menu of tiles, the pair path's configs at 3 stages and the "
+                        "grouped menu's tiles")
     p.add_argument("--no-pdl", action="store_true", help="also time the default launched without PDL")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()

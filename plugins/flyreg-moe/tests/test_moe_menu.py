@@ -52,3 +52,25 @@ def test_the_incumbent_benchmarks_unseen_shapes_are_real_shapes_the_plugin_never
         assert name not in MODEL_SHAPES and (E, K, N, topk) not in tuned and E >= 16 and 1 <= topk < E
         spec = {"E": E, "K": K, "N": N, "topk": topk, "M": 1, "dtype": "bfloat16", "backend": "triton"}
         assert space.triton_default(spec) in space.triton_configs(spec)  # the default serves them
+
+
+def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> None:
+    from flyreg_moe_bench import vs_incumbent
+
+    for model, M in (("Mixtral-8x7B", 128), ("Qwen3-30B-A3B", 512), ("gpt-oss-20b", 64)):
+        spec = _spec(model, M)
+        menu = vs_incumbent.grouped_menu(spec)
+        offered = set(space.triton_configs(spec))
+        assert menu and set(menu.values()) <= offered
+        tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN"), c.kwargs["BLOCK_K"],
+                  c.hints["num_warps"], c.hints["num_stages"]) for c in menu.values()}
+        assert tiles <= set(vs_incumbent.GROUPED_MENU)
+        for c in menu.values():  # unsplit, untailed, GROUP_M 1 or the most up to 16, TMA off and on where offered
+            assert c.kwargs["SPLIT_K"] == 1 and not c.kwargs.get("TAILS") and c.kwargs["GROUP_M"] <= 16
+            twin = type(c)({**c.kwargs, "TMA": not c.kwargs.get("TMA")}, **c.hints)
+            if twin.kwargs["TMA"] is False:
+                twin = type(c)({k: v for k, v in c.kwargs.items() if k != "TMA"}, **c.hints)
+            assert (twin in offered) is (twin in set(menu.values()))
+    # Mixtral at 128 rows: SGLang's tiling there (64 rows, GEMM 1 64 gate and 64 up columns, GEMM 2 128) is timed
+    assert any((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN")) == (64, 64, 128)
+               for c in vs_incumbent.grouped_menu(_spec("Mixtral-8x7B", 128)).values())
