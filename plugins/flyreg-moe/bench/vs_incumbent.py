@@ -36,8 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -143,8 +145,9 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
         configs.update(grouped_menu(spec))
     op = flyreg.op("fused_moe")
     runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
-    for key, cfg in configs.items():
-        runs[key] = triton_moe.bind_fused_moe(x0, w1, w2, tw0, ids0, **cfg.kwargs, **cfg.hints)
+    with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:  # binding compiles: the menus' in parallel
+        runs.update(zip(configs, pool.map(lambda cfg: triton_moe.bind_fused_moe(x0, w1, w2, tw0, ids0, **cfg.kwargs,
+                                                                                **cfg.hints), configs.values())))
     if no_pdl:
         cfg = configs["default"]
         runs["default_no_pdl"] = triton_moe.bind_fused_moe(x0, w1, w2, tw0, ids0, **cfg.kwargs, **cfg.hints,
