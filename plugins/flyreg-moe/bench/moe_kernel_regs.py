@@ -219,18 +219,13 @@ def pair_counts(arch: int, E: int, K: int, N: int, topk: int, stages: int | None
     return rows
 
 
-def grouped(kw: dict[str, Any]) -> bool:
-    """Whether a config's knobs take the grouped path (whose GEMM binaries this tool compares)."""
-    return not kw.get("DECODE") and not kw.get("PAIR_MLP")
-
-
 def served_binaries() -> Iterable[Binary]:
     """Each distinct :data:`Binary` the shipped Triton artifacts compile."""
     seen = set()
     for path in sorted((Path(flyreg_moe.__file__).parent / "configs").glob("*.json")):
         a = json.loads(path.read_text(encoding="utf-8"))
         spec, kw, hints = a["spec"], a["config"]["kwargs"], a["config"]["hints"]
-        if spec["backend"] == "triton" and grouped(kw):
+        if spec["backend"] == "triton" and space.grouped(kw):
             tile = (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], hints.get("num_warps", 4), hints.get("num_stages", 3))
             seen.add((tile, spec["K"], spec["N"], kw["SPLIT_K"] > 1, kw.get("BLOCK_N_DOWN")))
     return sorted(seen, key=repr)
@@ -240,7 +235,7 @@ def space_binaries(E: int, K: int, N: int, topk: int, M: int) -> Iterable[Binary
     configs = space.triton_configs({"E": E, "K": K, "N": N, "topk": topk, "M": M})
     return sorted({((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.hints["num_warps"],
                      c.hints["num_stages"]), K, N, c.kwargs["SPLIT_K"] > 1, c.kwargs.get("BLOCK_N_DOWN"))
-                   for c in configs if grouped(c.kwargs)}, key=repr)
+                   for c in configs if space.grouped(c.kwargs)}, key=repr)
 
 
 def main() -> None:

@@ -108,7 +108,8 @@ def grouped_menu(spec: dict[str, Any]) -> dict[str, Config]:
     for bm, bn, bnd, bk, warps, stages in GROUPED_MENU:
         tile = [c for c in offered if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN"),
                                        c.kwargs["BLOCK_K"], c.hints["num_warps"], c.hints["num_stages"])
-                == (bm, bn, bnd, bk, warps, stages) and c.kwargs["SPLIT_K"] == 1 and not c.kwargs.get("TAILS")]
+                == (bm, bn, bnd, bk, warps, stages) and space.grouped(c.kwargs) and c.kwargs["SPLIT_K"] == 1
+                and not c.kwargs.get("TAILS")]
         groups = {c.kwargs["GROUP_M"] for c in tile}
         picked = {1, max((g for g in groups if g <= 16), default=1)}
         for cfg in tile:

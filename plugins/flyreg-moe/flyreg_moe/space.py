@@ -115,6 +115,11 @@ def _config(bm: int, bn: int, bk: int, group: int, split: int, tma: bool, tails:
                    **{k: v for k, v in optional.items() if v}}, num_warps=warps, num_stages=stages)
 
 
+def grouped(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a config's knobs take the grouped path (neither ``DECODE`` nor ``PAIR_MLP`` on)."""
+    return not kwargs.get("DECODE") and not kwargs.get("PAIR_MLP")
+
+
 def decode_block_m(M: int) -> int:
     """The decode path's token tile at M rows: every token in one tile (at least 16 rows, for tl.dot)."""
     return max(BLOCK_MS[0], next_pow2(M))
