@@ -6,7 +6,8 @@ the weight tiles by pointer loads and no tail tiles (GEMM 2 as wide as the confi
 with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256`` or a mix such as
 ``TMA,TAILS=2``), as a launch on aligned bf16 tensors binds it;
 the ``ptxas -v`` Triton itself uses then gives the registers and spill bytes (the counts a device reports
-for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions.
+for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions, and 2-byte global loads
+(scalar: not vectorized).
 
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --served [--variant TMA] --json regs.json
     python plugins/flyreg-moe/bench/moe_kernel_regs.py --spec 32,2880,2880,4,2048 --variant TMA,TAILS=2 --json regs.json
@@ -46,7 +47,8 @@ Tile = tuple[int, int, int, int, int]
 #: (tile, K, N, whether GEMM 2 is split, GEMM 2's width where it is not BLOCK_N): one GEMM binary of each kind.
 Binary = tuple[Tile, int, int, bool, "int | None"]
 COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma": r"cp\.async\.bulk\.tensor",
-           "atomic": r"\batom\.", "griddep": r"griddepcontrol\."}
+           "atomic": r"\batom\.", "griddep": r"griddepcontrol\.",
+           "scalar_b16_loads": r"ld\.global(?:\.[a-z0-9:]+)*\.[bu]16\s"}  # 2-byte loads: not vectorized
 
 
 def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: int, tma: bool = False,

@@ -5,7 +5,8 @@ one program per chunk of N, no routing, no tensor cores, both weights read once 
 its chunk (products kept in float32 along K, summed once), rounded to x's dtype and scaled by the pair's weight, then
 ``w2[e][:, chunk] @ h`` for every output column, stored as float32 at (pair, chunk). :func:`_pair_sum_kernel`, a
 program per (token, column tile), sums a token's partials (the same order on every call) and writes ``out``. A pair
-whose expert is outside [0, E) stores zeros. Columns past N are read at column 0 (in bounds) and weighted by zero."""
+whose expert is outside [0, E) stores zeros. Gate and up rows past N are read at row 0 (in bounds) and weighted by zero;
+w2's columns are read as one contiguous run per row (masked past N), so its loads are 16-byte vectors."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ SUM_COLS, SUM_PARTS = 32, 128  #: Output columns a summing program covers, and p
 @triton.jit(do_not_specialize=["E"])
 def _pair_mlp_kernel(X, W1, W2, Y, IDS, TW, E, topk, x_stride, N, K,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N_DOWN: tl.constexpr,
-                     EVEN_K: tl.constexpr, EVEN_OUT: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
+                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_OUT: tl.constexpr, PDL: tl.constexpr,
+                     STAGES: tl.constexpr):
     dependent_start(PDL)
     pair, chunk = tl.program_id(0), tl.program_id(1)
     e = tl.load(IDS + pair).to(tl.int64)
@@ -65,15 +67,19 @@ def _pair_mlp_kernel(X, W1, W2, Y, IDS, TW, E, topk, x_stride, N, K,
     gate, up = tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
     h = (gate * tl.sigmoid(gate) * up).to(X.dtype.element_ty).to(tl.float32) * weight
     h = tl.where(col_ok, h, 0.0)
-    # w2[e] is [K, N]: a tile of output columns (rows of w2) by this chunk of N (contiguous).
-    w_ptr = W2 + e * K * N + (outs.to(tl.int64) * N)[:, None] + col[None, :]
+    # w2[e] is [K, N]: a tile of output columns (rows of w2) by this chunk of N, indexed by cols itself (not the
+    # clamped col) so that Triton sees each row's run as contiguous and loads it in 16-byte vectors.
+    w_ptr = W2 + e * K * N + (outs.to(tl.int64) * N)[:, None] + cols[None, :]
     for o0 in tl.range(0, K, BLOCK_N_DOWN, num_stages=STAGES):
         if EVEN_OUT:
-            w = tl.load(w_ptr)
+            if EVEN_N:
+                w = tl.load(w_ptr)
+            else:
+                w = tl.load(w_ptr, mask=col_ok[None, :], other=0.0)
             tl.store(y_row + o0 + outs, tl.sum(w.to(tl.float32) * h[None, :], axis=1))
         else:
             o_ok = o0 + outs < K
-            w = tl.load(w_ptr, mask=o_ok[:, None], other=0.0)
+            w = tl.load(w_ptr, mask=o_ok[:, None] & col_ok[None, :], other=0.0)
             tl.store(y_row + o0 + outs, tl.sum(w.to(tl.float32) * h[None, :], axis=1), mask=o_ok)
         w_ptr += BLOCK_N_DOWN * N
 
@@ -97,7 +103,7 @@ def constexprs(K: int, N: int, topk: int, BLOCK_N: int, BLOCK_K: int, BLOCK_N_DO
                pdl: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The constexprs of :func:`_pair_mlp_kernel` and of :func:`_pair_sum_kernel` for this shape and config."""
     return ({"BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "BLOCK_N_DOWN": BLOCK_N_DOWN, "EVEN_K": K % BLOCK_K == 0,
-             "EVEN_OUT": K % BLOCK_N_DOWN == 0, "PDL": pdl, "STAGES": num_stages or 3},
+             "EVEN_N": N % BLOCK_N == 0, "EVEN_OUT": K % BLOCK_N_DOWN == 0, "PDL": pdl, "STAGES": num_stages or 3},
             {"COLS": SUM_COLS, "PARTS": min(SUM_PARTS, next_pow2(topk * triton.cdiv(N, BLOCK_N))), "PDL": pdl})
 
 
