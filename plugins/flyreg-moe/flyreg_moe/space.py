@@ -25,7 +25,7 @@ M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
 BLOCK_MS, BLOCK_NS, BLOCK_KS = (16, 32, 64, 128), (32, 64, 128, 256), (64, 128, 256)
 GROUP_MS, SPLIT_KS, WARPS, STAGES = (1, 4, 8, 16, 32), (1, 2, 4, 8), (4, 8), (2, 3, 4, 5)
 #: Halvings of BLOCK_M an expert's last row tile may take (0: none), and GEMM 2's widths offered beside GEMM 1's half as
-#: wide (none below 128: at 32-column GEMM 1 tiles the rows are few and the decode path serves).
+#: wide (none below 128: SGLang's Mixtral and Qwen3 H200 files pair 64-wide tiles only at 32 rows or fewer).
 TAILS, WIDE_DOWNS = (0, 1, 2), (128, 256)
 
 SMEM_BYTES = 227 * 1024 - 8 * 1024  #: Shared memory a program may use on the H200: 227 KiB a block, less epilogue room.
@@ -47,7 +47,7 @@ DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate
 #: without tensor cores.
 PAIR_ROWS = 4
 #: The pair path's (BLOCK_N, BLOCK_K, num_warps): float32 products of gate and up kept per element, at most 32 a
-#: thread each (none spills at 2 to 4 stages, compiled for sm_90 off the device).
+#: thread each (at 2 to 4 stages at most 8 bytes spilled, compiled for sm_90: ``bench/moe_kernel_regs.py --pair``).
 PAIR_TILES = ((16, 128, 4), (16, 256, 4), (16, 256, 8), (16, 512, 8), (32, 64, 4), (32, 128, 4), (32, 128, 8),
               (32, 256, 8), (64, 64, 4), (64, 64, 8), (64, 128, 8))
 PAIR_DOWNS, PAIR_STAGES = (64, 128), (2, 3, 4)  #: The pair path's output columns a step, and pipeline stages.
