@@ -97,10 +97,11 @@ def plan_jobs(op_names: list[str], specs: list[dict[str, Any]], device: str, out
         names = sorted([*names, *unavailable])
     ident = ident if ident is not None else identity_of(device)
     jobs: list[Job] = []
-    op_axes: list[set[str] | None] = [None] * len(unavailable)  # each op's declared axes; None: not loaded
+    op_axes: list[set[str] | None] = []  # each op's declared axes; None: not loaded
     for name in names:
         if name in unavailable:
             jobs.append(unavailable[name])
+            op_axes.append(None)
             continue
         try:
             plugin = REGISTRY.plugin(name)

@@ -31,7 +31,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +86,12 @@ def compile_kernel(fn: Any, types: list[str], consts: dict[str, Any], arch: int,
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def failure(e: Exception) -> dict[str, str]:
-    """A failed compile as a result row's entry."""
-    return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+def described(build: Callable[[], Any], arch: int) -> dict[str, Any]:
+    """:func:`describe` of the kernel ``build()`` compiles; a failed compile is a result too, its error the entry."""
+    try:
+        return describe(build(), arch)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
 
 
 def variant(text: str) -> dict[str, Any]:
@@ -182,10 +185,7 @@ def decode_counts(arch: int) -> list[dict[str, Any]]:
             fn = getattr(decode, f"_{which}_kernel")
             row: dict[str, Any] = {"kernel": which, "config": [bm, bn, bnd, bk, warps, stages], "K": K, "N": N,
                                    "E": E, "topk": topk}
-            try:
-                row["binary"] = describe(compile_kernel(fn, types, consts, arch, warps, stages), arch)
-            except Exception as e:  # a failed compile is a result too
-                row["binary"] = failure(e)
+            row["binary"] = described(lambda: compile_kernel(fn, types, consts, arch, warps, stages), arch)
             rows.append(row)
             print(f"{which} {row['config']} K={K} N={N} E={E} topk={topk}: {row['binary']}", flush=True)
     return rows
@@ -211,11 +211,8 @@ def pair_counts(arch: int, E: int, K: int, N: int, topk: int, stages: int | None
             seen.add(key)
             row: dict[str, Any] = {"kernel": which, "config": [kw["BLOCK_N"], kw["BLOCK_K"], kw["BLOCK_N_DOWN"], w, st],
                                    "K": K, "N": N, "E": E, "topk": topk}
-            try:
-                row["binary"] = describe(compile_kernel(getattr(pair_mlp, f"_{which}_kernel"), types[which], c, arch,
-                                                        w, st), arch)
-            except Exception as e:  # a failed compile is a result too
-                row["binary"] = failure(e)
+            row["binary"] = described(lambda: compile_kernel(getattr(pair_mlp, f"_{which}_kernel"), types[which], c,
+                                                             arch, w, st), arch)
             rows.append(row)
             print(f"{which} {row['config']} K={K} N={N}: {row['binary']}", flush=True)
     return rows
@@ -275,11 +272,8 @@ def main() -> None:
         for which in ("gate_up", "down"):
             row: dict[str, Any] = {"kernel": which, "tile": tile, "K": K, "N": N, "split": split, "bn_down": bn_down}
             for name, knobs in (("base", {"bn_down": bn_down}), ("variant", {"bn_down": bn_down, **a.variant})):
-                try:
-                    row[name] = describe(compile_gemm(which, tile, K, N, split and which == "down", a.arch, **knobs),
-                                         a.arch)
-                except Exception as e:  # a failed compile is a result too
-                    row[name] = failure(e)
+                row[name] = described(lambda: compile_gemm(which, tile, K, N, split and which == "down", a.arch,
+                                                           **knobs), a.arch)
             rows.append(row)
             base, var = row["base"], row["variant"]
             print(f"{which} {tile} K={K} N={N} split={split} down={bn_down or tile[1]}: base {base.get('regs')} regs "

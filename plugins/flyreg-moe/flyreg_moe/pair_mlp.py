@@ -5,8 +5,8 @@ one program per chunk of N, no routing, no tensor cores, both weights read once 
 its chunk (products kept in float32 along K, summed once), rounded to x's dtype and scaled by the pair's weight, then
 ``w2[e][:, chunk] @ h`` for every output column, stored as float32 at (pair, chunk). :func:`_pair_sum_kernel`, a
 program per (token, column tile), sums a token's partials (the same order on every call) and writes ``out``. A pair
-whose expert is outside [0, E) stores zeros. Gate and up rows past N are read at row 0 (in bounds) and weighted by zero;
-w2's columns are read as one contiguous run per row (masked past N), so its loads are 16-byte vectors."""
+whose expert is outside [0, E) stores zeros. Gate and up rows past N are read at row 0 (in bounds); w2's columns are
+read as one contiguous run per row (16-byte vectors), past N as zeros, so those rows add nothing."""
 
 from __future__ import annotations
 
@@ -66,7 +66,6 @@ def _pair_mlp_kernel(X, W1, W2, Y, IDS, TW, E, topk, x_stride, N, K,
         u_ptr += BLOCK_K
     gate, up = tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
     h = (gate * tl.sigmoid(gate) * up).to(X.dtype.element_ty).to(tl.float32) * weight
-    h = tl.where(col_ok, h, 0.0)
     # w2[e] is [K, N]: a tile of output columns (rows of w2) by this chunk of N, indexed by cols itself (not the
     # clamped col) so that Triton sees each row's run as contiguous and loads it in 16-byte vectors.
     w_ptr = W2 + e * K * N + (outs.to(tl.int64) * N)[:, None] + cols[None, :]
