@@ -86,14 +86,15 @@ def test_decode_knob_is_checked() -> None:
 
 def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_where_set() -> None:
     base = {"E": 128, "K": 2048, "N": 768, "topk": 8}
-    for M in (1, 16, 32, 64, 128):
+    for M in (1, 2, 4, 16, 32, 64, 128):
         spec = {**base, "M": M}
         decode = [c for c in space.triton_configs(spec) if c.kwargs.get("DECODE")]
         assert decode == space.decode_configs(spec)
         assert (len(decode) > 0) == (M <= space.DECODE_ROWS)
         assert all(c.kwargs["BLOCK_M"] == max(16, M) for c in decode)
         default = space.triton_default(spec)
-        assert bool(default.kwargs.get("DECODE")) == (M <= space.DECODE_DEFAULT_ROWS)
+        assert bool(default.kwargs.get("DECODE")) == (2 < M <= space.DECODE_DEFAULT_ROWS)  # the pair path below
+        assert bool(default.kwargs.get("PAIR_MLP")) == (M <= 2)
         if default.kwargs.get("DECODE"):
             assert default in decode
             wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages

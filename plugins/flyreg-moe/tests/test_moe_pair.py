@@ -81,6 +81,26 @@ def test_space_offers_the_pair_path_to_few_rows_only() -> None:
         assert (len(pairs) > 0) == (M <= space.PAIR_ROWS)
         assert len(set(pairs)) == len(pairs)
         assert not any(c.kwargs.get("DECODE") for c in pairs)
+        # no pair program holds more w2 elements a thread than the space allows (ptxas would spill them)
+        assert all(c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_N_DOWN"] <= space.PAIR_W2_PER_THREAD * 32 * c.hints["num_warps"]
+                   for c in pairs)
+
+
+@pytest.mark.parametrize(("N", "topk", "rows"), [(768, 8, (1, 2)), (1408, 6, (1, 2)), (2048, 4, (1, 2)),
+                                                 (2880, 4, (1,)), (4096, 2, (1,)), (6400, 2, ()), (14336, 2, ())])
+def test_the_default_takes_the_pair_path_at_one_or_two_rows_up_to_its_n(N: int, topk: int, rows: tuple) -> None:
+    # One row up to N = 4096, two up to N = 2048 (the decode path past either, and at more rows)
+    for M in (1, 2, 3, 4, 16):
+        spec = {"E": 32, "K": 2048, "N": N, "topk": topk, "M": space.m_bucket(M)}
+        default = space.triton_default(spec)
+        assert default in space.triton_configs(spec)
+        assert default.kwargs.get("PAIR_MLP", False) is (M in rows), (M, default)
+        assert default.kwargs.get("DECODE", False) is (M not in rows), (M, default)
+        if M in rows:
+            assert default == space.pair_default(spec)
+            assert default.hints["num_stages"] == (4 if M == 1 else 3)
+        else:
+            assert space.pair_default(spec) is None
 
 
 @gpu
