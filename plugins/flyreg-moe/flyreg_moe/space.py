@@ -39,15 +39,16 @@ SMS = 132  #: Multiprocessors of the H200: the default splits GEMM 2 until its p
 DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
-#: Rows up to which the default takes the decode path: on an H100 it beat the grouped path at M = 1 to 16 (its
-#: served config) and 32 (its default, by 1 to 5 %) on every shape of ``vs_incumbent --menu`` (docs/decisions.md).
+#: Rows up to which the default takes the decode path where :func:`pair_default` gives none: on an H100 it beat the
+#: grouped path at M = 1 to 16 (its served config) and 32 (its default, by 1 to 5 %) on every shape of
+#: ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
 #: Rows (tokens) up to which the pair path is offered: it reads an expert's weights once per pair, and multiplies
 #: without tensor cores.
 PAIR_ROWS = 4
 #: The pair path's (BLOCK_N, BLOCK_K, num_warps): float32 products of gate and up kept per element, at most 32 a
-#: thread each (at 2 to 4 stages at most 8 bytes spilled, compiled for sm_90: ``bench/moe_kernel_regs.py --pair``).
+#: thread each (ptxas may hold one at 80 or 128 registers and spill a word or two: ``moe_kernel_regs.py --pair``).
 #: 128 of N a program at 8 and 16 warps: the menu's best at Mixtral and Phi-3.5-MoE M = 1, 2 and gpt-oss-20b M = 1.
 PAIR_TILES = ((16, 128, 4), (16, 256, 4), (16, 256, 8), (16, 512, 8), (32, 64, 4), (32, 128, 4), (32, 128, 8),
               (32, 256, 8), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8), (128, 128, 16))
@@ -57,7 +58,8 @@ PAIR_W2_PER_THREAD = 64
 #: The default's pair tile (BLOCK_N, BLOCK_K, num_warps, BLOCK_N_DOWN) and, by rows, the most N it takes the pair path
 #: at and its stages. On an H100 (``vs_incumbent --menu``, docs/decisions.md) the pair path beat the decode path at
 #: M = 1 on every shape with N <= 2880 (1.04x to 1.35x) and at M = 2 on those with N <= 1408; at N = 6400 and 14336
-#: (two experts a token) it was level or behind. This tile was within 1.06x of the pair path's best at those cells.
+#: (two experts a token) it was level or behind, and at M = 2, N = 2880 level. The bounds lie between those points,
+#: untimed between them. This tile was within 1.06x of the pair path's best at the cells it takes.
 PAIR_DEFAULT_TILE = (64, 128, 8, 128)
 PAIR_DEFAULT_ROWS = {1: (4096, 4), 2: (2048, 3)}
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
@@ -159,6 +161,7 @@ def pair_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def _pair_config(bn: int, bk: int, warps: int, bnd: int, stages: int) -> Config:
+    """A pair-path config (BLOCK_M and the grouped path's knobs at their fixed values, unused by the path)."""
     return Config({"BLOCK_M": BLOCK_MS[0], "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1,
                    "BLOCK_N_DOWN": bnd, "PAIR_MLP": True}, num_warps=warps, num_stages=stages)
 
@@ -167,9 +170,9 @@ def pair_default(spec: Mapping[str, Any]) -> Config | None:
     """The pair-path default where :data:`PAIR_DEFAULT_ROWS` gives the spec's rows the path (N at most its bound),
     else None."""
     M, _, N, _, _ = shape(spec)
-    most_n, stages = PAIR_DEFAULT_ROWS.get(M, (0, 0))
-    if N > most_n:
+    if M not in PAIR_DEFAULT_ROWS or N > PAIR_DEFAULT_ROWS[M][0]:
         return None
+    stages = PAIR_DEFAULT_ROWS[M][1]
     bn, bk, warps, bnd = PAIR_DEFAULT_TILE
     return _pair_config(bn, bk, warps, bnd, stages)
 
@@ -203,8 +206,8 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (in :func:`triton_configs`; evidence: docs/decisions.md): up to :data:`DECODE_DEFAULT_ROWS` rows
-    :func:`pair_default` where it gives one, else :func:`decode_default`; above, the tile of :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by
+    """Heuristic config (in :func:`triton_configs`; evidence: docs/decisions.md): up to :data:`DECODE_DEFAULT_ROWS`
+    rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the tile of :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by
     :func:`default_split`, above 16 rows TMA where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row
     tile's GEMM 2 256 wide where :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)

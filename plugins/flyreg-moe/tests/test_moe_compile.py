@@ -98,7 +98,7 @@ def test_pair_configs_compile_for_sm90_as_pipelined_dependent_launches(shape: tu
     for row in rows:
         b = row["binary"]
         assert "error" not in b, row
-        # ptxas holds a few configs at 80 or 128 registers and spills a word or two there (gpt-oss: 2 of 66)
+        # ptxas may hold a config at 80 or 128 registers and spill a word or two there (seen at 3 of 123 binaries)
         assert b["smem"] <= SMEM_LIMIT and b["regs"] <= 255 and (b["spill_bytes"] or 0) <= 8, row
         assert b["griddep"] >= 2 and b["atomic"] == 0 and b["wgmma"] == 0, row  # no tensor cores, fixed-order sums
         if row["kernel"] == "pair_mlp":

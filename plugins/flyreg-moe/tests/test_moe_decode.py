@@ -93,8 +93,9 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         assert (len(decode) > 0) == (M <= space.DECODE_ROWS)
         assert all(c.kwargs["BLOCK_M"] == max(16, M) for c in decode)
         default = space.triton_default(spec)
-        assert bool(default.kwargs.get("DECODE")) == (2 < M <= space.DECODE_DEFAULT_ROWS)  # the pair path below
-        assert bool(default.kwargs.get("PAIR_MLP")) == (M <= 2)
+        pair = space.pair_default(spec)  # the pair path's rows (test_moe_pair.py), at N = 768 one and two
+        assert bool(default.kwargs.get("DECODE")) == (pair is None and M <= space.DECODE_DEFAULT_ROWS)
+        assert bool(default.kwargs.get("PAIR_MLP")) == (pair is not None) == (M <= 2)
         if default.kwargs.get("DECODE"):
             assert default in decode
             wide = M > 16  # the menu's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half, 4 stages

@@ -32,6 +32,19 @@ def test_pair_path_matches_reference(case: tuple, tile: tuple, dtype: torch.dtyp
 
 
 @needs_triton
+@pytest.mark.parametrize("case", [(1, 8, 40, 40, 2), (2, 8, 200, 72, 3)], ids=["one-row", "two-rows"])
+def test_the_pair_default_matches_reference_on_shapes_narrower_than_its_tile(case: tuple[int, ...]) -> None:
+    # 40 or 200 of N under 64-column chunks, K of 40 or 72 under 128-deep steps and 128-wide GEMM 2 steps: every
+    # tile masked at its edge.
+    M, E, N, K, topk = case
+    config = space.triton_default({"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk})
+    assert config == space.pair_default({"M": M, "E": E, "N": N, "K": K, "topk": topk}) is not None
+    args = call(M, E, N, K, topk, torch.bfloat16, device=DEVICE, seed=N)
+    out = triton_call(*args, **config.kwargs, **config.hints)
+    assert rel_err(out, reference(*args)) < TOL[torch.bfloat16]
+
+
+@needs_triton
 def test_pair_sum_walks_many_partials(monkeypatch: pytest.MonkeyPatch) -> None:
     from flyreg_moe import pair_mlp
 
@@ -86,9 +99,11 @@ def test_space_offers_the_pair_path_to_few_rows_only() -> None:
                    for c in pairs)
 
 
-@pytest.mark.parametrize(("N", "topk", "rows"), [(768, 8, (1, 2)), (1408, 6, (1, 2)), (2048, 4, (1, 2)),
-                                                 (2880, 4, (1,)), (4096, 2, (1,)), (6400, 2, ()), (14336, 2, ())])
-def test_the_default_takes_the_pair_path_at_one_or_two_rows_up_to_its_n(N: int, topk: int, rows: tuple) -> None:
+@pytest.mark.parametrize(("N", "topk", "rows"), [
+    (768, 8, (1, 2)), (1408, 6, (1, 2)), (2048, 4, (1, 2)), (2049, 4, (1,)), (2880, 4, (1,)), (4096, 2, (1,)),
+    (4097, 2, ()), (6400, 2, ()), (14336, 2, ())])
+def test_the_default_takes_the_pair_path_at_one_or_two_rows_up_to_its_n(N: int, topk: int,
+                                                                         rows: tuple[int, ...]) -> None:
     # One row up to N = 4096, two up to N = 2048 (the decode path past either, and at more rows)
     for M in (1, 2, 3, 4, 16):
         spec = {"E": 32, "K": 2048, "N": N, "topk": topk, "M": space.m_bucket(M)}
