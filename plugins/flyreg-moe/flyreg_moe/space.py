@@ -207,9 +207,10 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 
 def triton_default(spec: Mapping[str, Any]) -> Config:
     """Heuristic config (in :func:`triton_configs`; evidence: docs/decisions.md): up to :data:`DECODE_DEFAULT_ROWS`
-    rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the tile of :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by
-    :func:`default_split`, above 16 rows TMA where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row
-    tile's GEMM 2 256 wide where :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
+    rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the tile of
+    :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by :func:`default_split`, above 16 rows TMA
+    where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row tile's GEMM 2 256 wide where
+    :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:
         return pair_default(spec) or decode_default(spec)

@@ -452,7 +452,8 @@ def test_gpu_gemm_2_twice_as_wide_as_gemm_1_on_model_shapes(model: str, M: int) 
 @pytest.mark.parametrize("M", [1, 16, 300])
 def test_gpu_dependent_launches_give_the_bits_of_plain_ones(M: int) -> None:
     """Each launch waits for the one before it (PDL on Hopper): the same bits as launches in plain stream order,
-    called eagerly and replayed back to back in a graph, for the default (at Qwen3 the pair path at 1 row, the decode path at 16)."""
+    called eagerly and replayed back to back in a graph, for the default (at Qwen3 the pair path at 1 row, the decode
+    path at 16)."""
     from flyreg.triton import pdl_supported
 
     args = _gpu_call(M, MODEL["Qwen3-30B-A3B"])

@@ -95,8 +95,8 @@ def test_space_offers_the_pair_path_to_few_rows_only() -> None:
         assert len(set(pairs)) == len(pairs)
         assert not any(c.kwargs.get("DECODE") for c in pairs)
         # no pair program holds more w2 elements a thread than the space allows (ptxas would spill them)
-        assert all(c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_N_DOWN"] <= space.PAIR_W2_PER_THREAD * 32 * c.hints["num_warps"]
-                   for c in pairs)
+        most = space.PAIR_W2_PER_THREAD * 32
+        assert all(c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_N_DOWN"] <= most * c.hints["num_warps"] for c in pairs)
 
 
 @pytest.mark.parametrize(("N", "topk", "rows"), [
