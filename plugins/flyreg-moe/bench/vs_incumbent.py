@@ -101,15 +101,19 @@ def graph_ms(calls: list[Callable[[], Any]], reps: int) -> float:
     return statistics.median(times) / len(calls)
 
 
+def tiling(cfg: Config) -> tuple[Any, ...]:
+    """A config's (BLOCK_M, BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages), as :data:`GROUPED_MENU` names it."""
+    k, h = cfg.kwargs, cfg.hints
+    return k["BLOCK_M"], k["BLOCK_N"], k.get("BLOCK_N_DOWN"), k["BLOCK_K"], h["num_warps"], h["num_stages"]
+
+
 def grouped_menu(spec: dict[str, Any]) -> dict[str, Config]:
     """The configs of :data:`GROUPED_MENU` that the spec's space offers, by name: GROUP_M 1 and the most it offers
     up to 16, TMA off and on, no split and no tails."""
     offered, out = set(space.triton_configs(spec)), {}
     for bm, bn, bnd, bk, warps, stages in GROUPED_MENU:
-        tile = [c for c in offered if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN"),
-                                       c.kwargs["BLOCK_K"], c.hints["num_warps"], c.hints["num_stages"])
-                == (bm, bn, bnd, bk, warps, stages) and space.grouped(c.kwargs) and c.kwargs["SPLIT_K"] == 1
-                and not c.kwargs.get("TAILS")]
+        tile = [c for c in offered if tiling(c) == (bm, bn, bnd, bk, warps, stages) and space.grouped(c.kwargs)
+                and c.kwargs["SPLIT_K"] == 1 and not c.kwargs.get("TAILS")]
         groups = {c.kwargs["GROUP_M"] for c in tile}
         picked = {1, max((g for g in groups if g <= 16), default=1)}
         for cfg in tile:

@@ -6,7 +6,6 @@ import argparse
 
 import pytest
 
-from flyreg.plugin import Config
 from flyreg_moe import space
 from flyreg_moe.ops import MODEL_SHAPES
 from flyreg_moe_bench import moe_menu
@@ -55,11 +54,6 @@ def test_the_incumbent_benchmarks_unseen_shapes_are_real_shapes_the_plugin_never
         assert space.triton_default(spec) in space.triton_configs(spec)  # the default serves them
 
 
-def _tile(c: Config) -> tuple:
-    k = c.kwargs
-    return k["BLOCK_M"], k["BLOCK_N"], k.get("BLOCK_N_DOWN"), k["BLOCK_K"], c.hints["num_warps"], c.hints["num_stages"]
-
-
 def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> None:
     from flyreg_moe_bench import vs_incumbent
 
@@ -71,10 +65,10 @@ def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> Non
         assert all(space.grouped(c.kwargs) for c in menu.values())  # no decode config shares a grouped tile's name
         for tile in vs_incumbent.GROUPED_MENU:  # GROUP_M 1 and the most offered up to 16, for each tile timed
             ours = [c for c in offered if space.grouped(c.kwargs) and c.kwargs["SPLIT_K"] == 1
-                    and not c.kwargs.get("TAILS") and _tile(c) == tile]
+                    and not c.kwargs.get("TAILS") and vs_incumbent.tiling(c) == tile]
             timed = {c.kwargs["GROUP_M"] for c in menu.values() if c in ours}
             assert timed == ({1, max(g for g in {c.kwargs["GROUP_M"] for c in ours} if g <= 16)} if ours else set())
-        assert {_tile(c) for c in menu.values()} <= set(vs_incumbent.GROUPED_MENU)
+        assert {vs_incumbent.tiling(c) for c in menu.values()} <= set(vs_incumbent.GROUPED_MENU)
         for c in menu.values():  # unsplit, untailed, GROUP_M 1 or the most up to 16, TMA off and on where offered
             assert c.kwargs["SPLIT_K"] == 1 and not c.kwargs.get("TAILS") and c.kwargs["GROUP_M"] <= 16
             twin = type(c)({**c.kwargs, "TMA": not c.kwargs.get("TMA")}, **c.hints)

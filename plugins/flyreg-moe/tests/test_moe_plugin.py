@@ -142,7 +142,7 @@ def test_the_default_takes_tma_and_tails_above_16_rows_an_expert(shape: str, M: 
 def test_wide_gemm_2_tiles_are_offered_where_they_fit() -> None:
     spec = {"E": 32, "K": 2880, "N": 2880, "topk": 4, "M": 4096}
     configs = space.triton_configs(spec)
-    grouped = [c for c in configs if not c.kwargs.get("DECODE") and not c.kwargs.get("PAIR_MLP")]
+    grouped = [c for c in configs if space.grouped(c.kwargs)]
     wide = [c for c in grouped if "BLOCK_N_DOWN" in c.kwargs]
     assert wide and all(c.kwargs["BLOCK_N_DOWN"] == 2 * c.kwargs["BLOCK_N"] for c in wide)
     assert {c.kwargs["BLOCK_N_DOWN"] for c in wide} == set(space.WIDE_DOWNS)
@@ -160,8 +160,8 @@ def test_wide_gemm_2_tiles_are_offered_where_they_fit() -> None:
     assert by_width[256] >= {(128, 8), (64, 4)} and by_width[128] >= {(128, 8), (64, 4), (32, 4)}
     assert (128, 4) not in by_width[256]  # 256 float32 a thread
     narrow = {**spec, "K": 200}  # K narrower than a 256-wide tile: only the 128-wide ones
-    assert {c.kwargs.get("BLOCK_N_DOWN") for c in space.triton_configs(narrow) if not c.kwargs.get("DECODE")
-            and not c.kwargs.get("PAIR_MLP")} == {None, 128}
+    narrow_downs = {c.kwargs.get("BLOCK_N_DOWN") for c in space.triton_configs(narrow) if space.grouped(c.kwargs)}
+    assert narrow_downs == {None, 128}
     assert "BLOCK_N_DOWN" not in space.triton_default(narrow).kwargs
 
 
