@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.device import Device, takes_device
 from flyreg._core.launch import Launch
 from flyreg._plugins.hookspecs import hookimpl
 from flyreg._plugins.record import Axis, OpRecord, RecordError
@@ -36,7 +37,7 @@ __all__ = ["BACKEND", "RECORD_KEYWORDS", "Declaration", "DeclaredOp", "declare"]
 
 Spec = dict[str, JSONScalar]
 Space = Sequence[Config] | Callable[[Spec], Sequence[Config]]
-Default = Config | Callable[[Spec], Config]
+Default = Config | Callable[..., Config]  # of the spec, and of the device where it takes ``device``
 
 
 def backend_on(device: str) -> str:
@@ -66,8 +67,13 @@ def _space(value: Space) -> Callable[[Spec], list[Config]]:
     return (lambda spec: list(value(spec))) if callable(value) else (lambda spec: list(value))
 
 
-def _pick(value: Default) -> Callable[[Spec], Config]:
-    return value if callable(value) else (lambda spec: value)
+def _pick(value: Default) -> Callable[[Spec, Device | None], Config]:
+    """A default of the spec and the device, from a value or a function of the spec (and of ``device``)."""
+    if not callable(value):
+        return lambda spec, device: value
+    if takes_device(value):
+        return lambda spec, device: value(spec, device=device)
+    return lambda spec, device: value(spec)
 
 
 def _spec_value(value: Any) -> JSONScalar:
@@ -145,7 +151,8 @@ class Declaration:
     ``bind(*args, **knobs, **hints)``: the launcher of calls shaped like ``args`` (all of them,
     defaults filled in), compiled once; it is called with a call's own arguments (its keywords too,
     where the launcher takes them; else all of them by position). Hints it does not take are left out.
-    ``configs`` and ``default``: the space and heuristic config, each a value or a function of the spec.
+    ``configs`` and ``default``: the space and heuristic config, each a value or a function of the spec (a
+    ``default`` with a ``device`` parameter also gets the :class:`~flyreg.plugin.Device`, as the hook does).
     ``cpu(*args, **knobs)``: a plain torch implementation run on the CPU, with its own ``cpu_configs``
     and ``cpu_default`` (default: the first of them); it is the ``reference`` unless one is given.
     ``workloads``: the specs ``flyreg tune`` tunes, by device type (``{"cuda": [...], "cpu": [...]}``) or a
@@ -290,9 +297,12 @@ class DeclaredOp:
     def configs(self, spec: Spec) -> list[Config]:
         return self._spaces[self._backend(spec)][0](spec)
 
-    @hookimpl
-    def default(self, spec: Spec) -> Config:
-        return self._spaces[self._backend(spec)][1](spec)
+    def default(self, spec: Spec, device: Device | None = None) -> Config:
+        return self._spaces[self._backend(spec)][1](spec, device)
+
+    @hookimpl(specname="default")
+    def _default_hook(self, spec: Spec, device: Device | None) -> Config:  # pluggy passes no argument with a default
+        return self.default(spec, device)
 
     @hookimpl
     def describe(self) -> OpRecord:
@@ -311,7 +321,7 @@ class DeclaredOp:
         if d.reference is not None:
             return d.reference(*full)
         spec = {**self.spec_of(full), "backend": "cpu"}
-        return d.cpu(*full, **self._spaces["cpu"][1](spec).kwargs)  # type: ignore[misc]
+        return d.cpu(*full, **self._spaces["cpu"][1](spec, None).kwargs)  # type: ignore[misc]
 
 
 def declare(**fields: Any) -> DeclaredOp:

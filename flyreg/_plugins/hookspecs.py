@@ -20,6 +20,7 @@ from typing import Any
 import pluggy
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.device import Device
 from flyreg._plugins.record import OpRecord
 from flyreg._plugins.work import Work
 
@@ -93,16 +94,20 @@ def configs(spec: dict[str, JSONScalar]) -> list[Config]:
 
 
 @hookspec(firstresult=True)
-def default(spec: dict[str, JSONScalar]) -> Config:
+def default(spec: dict[str, JSONScalar], device: Device | None) -> Config:
     """Return the heuristic config used with no search and no artifact.
 
     Called when a new spec has no cached or offline config (and it is always timed in a search).
+    ``device`` is the :class:`~flyreg.plugin.Device` the config is for (its name, architecture and
+    known datasheet peaks), or None where none is named (the check that a stored config is the op's).
+    An implementation may leave ``device`` out: its default is then the same on every device.
 
     Example::
 
         @hookimpl
-        def default(spec):
-            return Config({"CHUNK": 16})
+        def default(spec, device):
+            fast_memory = device is not None and (device.bandwidth or 0) >= 4e12
+            return Config({"CHUNK": 32 if fast_memory else 16})
     """
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pluggy
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.device import Device
 from flyreg._core.keys import parse_device
 from flyreg._plugins import hookspecs
 from flyreg._plugins.record import DESCRIBE_KEYS, OpRecord, RecordError, check_spec
@@ -157,8 +158,8 @@ class OpPlugin:
     def configs(self, spec: dict[str, JSONScalar]) -> list[Config]:
         return list(self._required("configs", spec=spec))
 
-    def default(self, spec: dict[str, JSONScalar]) -> Config:
-        return self._required("default", spec=spec)
+    def default(self, spec: dict[str, JSONScalar], device: Device | None = None) -> Config:
+        return self._required("default", spec=spec, device=device)
 
     def workloads(self, device: str) -> list[dict[str, JSONScalar]]:
         return list(self._call("workloads", device=device) or [])

@@ -239,7 +239,7 @@ def _op_report(op: str, ident: DeviceIdentity, spec_rows: list[list[Measurement]
     specs = []
     for found in spec_rows:
         spec = found[-1].spec
-        default, work = _hooks(plugin, tuner, spec)
+        default, work = _hooks(plugin, tuner, spec, ident)
         specs.append(_spec_result(found, default, work, _served(tuner, spec, ident)))
     specs.sort(key=lambda s: spec_order(s.spec))
     coverage = _coverage(plugin, tuner, ident, [s.spec for s in specs]) if tuner is not None else []
@@ -266,12 +266,13 @@ def _served(tuner: Any, spec: dict[str, JSONScalar], ident: DeviceIdentity) -> S
     return Served(hit.config, hit.path, hit.stale, decision)
 
 
-def _hooks(plugin: Any, tuner: Any, spec: dict[str, JSONScalar]) -> tuple[Config | None, Work | None]:
-    """The op's default for ``spec`` and the work it states; None where its hooks cannot say."""
+def _hooks(plugin: Any, tuner: Any, spec: dict[str, JSONScalar],
+           ident: DeviceIdentity) -> tuple[Config | None, Work | None]:
+    """The op's default for ``spec`` on ``ident`` and the work it states; None where its hooks cannot say."""
     if plugin is None:
         return None, None
     try:
-        default = tuner.space.default(spec)
+        default = tuner.space.default(spec, ident)
     except Exception:
         default = None
     try:

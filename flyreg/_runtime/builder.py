@@ -37,7 +37,7 @@ def autotune_builder(
     build: BuildFn,
     specialize: Callable[..., dict[str, JSONScalar]],
     configs: Sequence[Config] | Callable[[dict[str, JSONScalar]], Sequence[Config]],
-    default: Callable[[dict[str, JSONScalar]], Config] | None = None,
+    default: Callable[..., Config] | None = None,
     structural: Iterable[str] | None = None,
     **options: Any,
 ) -> Any:
@@ -45,7 +45,8 @@ def autotune_builder(
 
     ``build(config, spec)`` returns a launch callable; ``specialize(*args, **kwargs)`` returns
     the call's spec axes; ``configs`` is a list or a callable of the spec; ``default(spec)`` is
-    the heuristic config served with no search; ``structural`` names the knobs that change
+    the heuristic config served with no search (one with a ``device`` parameter also gets the
+    :class:`~flyreg.plugin.Device` it serves); ``structural`` names the knobs that change
     the built code (default: all). Other options are those of :class:`flyreg.Autotuner`.
 
     Example::

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.keys import identity_of
 from flyreg._core.results import BenchResult, TuneError
 from flyreg._core.search_terms import Call
 from flyreg._runtime.state import TunerState
@@ -111,7 +112,7 @@ def remeasure(tuner: TunerState, spec: dict[str, JSONScalar], call: Call, served
             roles[c].append(role)
 
     add(served, "served")
-    default = space.default(spec)
+    default = space.default(spec, identity_of(call.device))
     if default is not None:
         add(default, "default")
     for c in neighbours:

@@ -138,7 +138,7 @@ class Default:
     name = "default"
 
     def find(self, tuner: TunerState, req: Request) -> Resolution | None:
-        config = tuner.space.default(req.spec)
+        config = tuner.space.default(req.spec, req.ident)
         return Resolution(config, "default", req.spec, "default") if config is not None else None
 
 
@@ -155,7 +155,7 @@ class Search:
         try:
             res, error = search(tuner, req.spec, req.ident, req.pkey, req.call, emit=autotune_forced() or tuner.emit)
         except TuneError as e:
-            default = tuner.space.default(req.spec)
+            default = tuner.space.default(req.spec, req.ident)
             if not e.rejected or default is None:
                 raise
             config, why = e.rejected[0]

@@ -56,7 +56,7 @@ def search(tuner: TunerState, spec: dict[str, JSONScalar], ident: DeviceIdentity
     from flyreg._search.engine import run_search
 
     tuner.stats.searches += 1
-    default = tuner.space.default(spec)
+    default = tuner.space.default(spec, ident)
 
     def build(config: Config) -> object:
         return tuner.build_cache.get(tuner.name, config, spec, tuner.structural, tuner.build)
@@ -80,7 +80,7 @@ def search_isolated(tuner: TunerState, spec: dict[str, JSONScalar], ident: Devic
     tuner.stats.searches += 1
     settings = settings if settings is not None else tuner.settings
     evaluate = IsolatedEvaluator(settings, spec, device, tuner.stats, machine(tuner, spec, ident), bench, compile)
-    report = run_strategy(evaluate, settings, spec, tuner.space.candidates(spec), tuner.space.default(spec),
+    report = run_strategy(evaluate, settings, spec, tuner.space.candidates(spec), tuner.space.default(spec, ident),
                           lambda: seeds(tuner, spec, ident))
     return store(tuner, spec, ident, pkey, report, emit=emit, out_dir=out_dir)
 

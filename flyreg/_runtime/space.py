@@ -5,16 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from flyreg._core.config import Config, JSONScalar
+from flyreg._core.device import device_of, takes_device
+from flyreg._core.keys import DeviceIdentity
 
 Spec = dict[str, JSONScalar]
 Configs = Sequence[Config] | Callable[[Spec], Sequence[Config]]
-Default = Callable[[Spec], Config]
+Default = Callable[..., Config]  # of the spec, and of the device where it takes a ``device`` argument
 Prune = Callable[[list[Config], Spec], Sequence[Config]]
 
 
 class ConfigSpace:
     """The configs ``op`` offers for a spec: ``configs`` (a list, or a callable of the spec), pruned by
-    ``prune``, and ``default(spec)``, the heuristic config served with no search (None: no default).
+    ``prune``, and ``default(spec)``, the heuristic config served with no search (None: no default); a
+    ``default`` with a ``device`` parameter is also given the :class:`~flyreg._core.device.Device` it serves
+    (None where no device is named: the check of a stored config).
 
     ``stored_check(spec)`` raises ValueError (a :class:`~flyreg._core.keys.SpecError`) for a spec the
     op never looks up (one that does not fit its declared axes): no stored config of it is taken.
@@ -29,6 +33,7 @@ class ConfigSpace:
         self.op = op
         self.configs = configs
         self.default_fn = default
+        self.default_takes_device = default is not None and takes_device(default)
         self.prune = prune
         self.stored_check = stored_check
 
@@ -43,11 +48,15 @@ class ConfigSpace:
             raise TypeError(f"{self.op}: configs must be Config instances, got {type(bad[0]).__name__}")
         return list(dict.fromkeys(cands))
 
-    def default(self, spec: Spec) -> Config | None:
-        """The op's default config for ``spec``, or None when it has no default."""
+    def default(self, spec: Spec, device: DeviceIdentity | None = None) -> Config | None:
+        """The op's default config for ``spec`` on ``device`` (None: no device named), or None when it has no
+        default."""
         if self.default_fn is None:
             return None
-        config = self.default_fn(spec)
+        if self.default_takes_device:
+            config = self.default_fn(spec, device=None if device is None else device_of(device))
+        else:
+            config = self.default_fn(spec)
         if not isinstance(config, Config):
             raise TypeError(f"{self.op}: default() must return a Config, got {type(config).__name__}")
         return config
@@ -76,3 +85,4 @@ class ConfigSpace:
     def canonical(self, config: Config, spec: Spec) -> Config:
         """The op's own config equal to ``config`` (read from a file), which carries its ``pre_hook``."""
         return next((c for c in self.known(spec) if c == config), config)
+

@@ -104,7 +104,7 @@ def measure(target: Target, dirs: Sequence[Path], device: str, margin: float) ->
     ck, call = call_of(tuner, args, kwargs)
     store = OfflineStore(tuner.name, (), tuner.offline.ordered_axes, tuner.version, only=dirs)
     hit = store.lookup(ck.spec, ck.ident, tuner.space.accepts, quiet=True)
-    default = tuner.space.default(ck.spec)
+    default = tuner.space.default(ck.spec, ck.ident)
     if hit is None and default is None:
         target.error = "nothing serves it here: no artifact and no default"
         return

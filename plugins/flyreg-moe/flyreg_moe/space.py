@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from flyreg.plugin import Config
+from flyreg.plugin import Config, Device
 
 #: Row-count buckets: an unseen M is served from the smallest bucket at least M (the largest above it).
 M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
@@ -43,6 +43,11 @@ DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its t
 #: grouped path at M = 1 to 16 (its served config) and 32 (its default, by 1 to 5 %) on every shape of
 #: ``vs_incumbent --menu`` (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 32
+#: Datasheet bandwidth (bytes/s) from which a device's default takes the decode path up to
+#: :data:`FAST_DECODE_DEFAULT_ROWS` rows instead: on an H200 (4.8 TB/s; an H100 reads 3.35) the grouped path's
+#: smallest default tile beat the decode default at M = 32 (docs/decisions.md).
+FAST_MEMORY = 4e12
+FAST_DECODE_DEFAULT_ROWS = 16
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
 #: Rows (tokens) up to which the pair path is offered: it reads an expert's weights once per pair, and multiplies
 #: without tensor cores.
@@ -205,14 +210,21 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     return out + decode_configs(spec) + pair_configs(spec)
 
 
-def triton_default(spec: Mapping[str, Any]) -> Config:
-    """Heuristic config (in :func:`triton_configs`; evidence: docs/decisions.md): up to :data:`DECODE_DEFAULT_ROWS`
-    rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the tile of
+def decode_default_rows(device: Device | None) -> int:
+    """Rows up to which the default of ``device`` (None: unknown) takes the pair or decode path."""
+    fast = device is not None and (device.bandwidth or 0) >= FAST_MEMORY
+    return FAST_DECODE_DEFAULT_ROWS if fast else DECODE_DEFAULT_ROWS
+
+
+def triton_default(spec: Mapping[str, Any], device: Device | None = None) -> Config:
+    """Heuristic config of ``spec`` on ``device`` (in :func:`triton_configs`; evidence: docs/decisions.md): up to
+    :func:`decode_default_rows` rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the
+    tile of
     :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by :func:`default_split`, above 16 rows TMA
     where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row tile's GEMM 2 256 wide where
     :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)
-    if M <= DECODE_DEFAULT_ROWS:
+    if M <= decode_default_rows(device):
         return pair_default(spec) or decode_default(spec)
     r = rows_per_expert(spec)
     _, bm, bn, bk, warps, stages, group, tails = next(t for t in DEFAULT_TILES if r <= t[0])
