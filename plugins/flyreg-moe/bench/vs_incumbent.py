@@ -46,7 +46,7 @@ import torch
 
 import flyreg
 
-from flyreg.plugin import Config, Device
+from flyreg.plugin import Config
 from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES
@@ -72,8 +72,7 @@ PAIR_MENU_STAGES = 3  #: The stages of the pair-path configs --menu times (all o
 #: Grouped-path tiles timed with --menu: (BLOCK_M, BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages). The
 #: tilings of SGLang's shipped H200 configs at Mixtral M = 64, 128, 256 and Qwen3 M = 512 (its BLOCK_SIZE_N is GEMM
 #: 1's gate and up columns counted apart, and GEMM 2's), the default's largest tile, and two 16-row tiles: the
-#: default's smallest, which the H200 artifacts of Qwen3 M = 32 took, and gpt-oss-20b's there (where the default
-#: takes the decode path, 6 to 13 % slower on that card).
+#: default's smallest (its tile at M = 32, which the H200 artifacts of Qwen3 took there), and gpt-oss-20b's there.
 GROUPED_MENU = ((32, 64, 128, 128, 4, 3), (64, 64, 128, 128, 8, 4), (64, 64, 128, 64, 4, 3), (128, 128, 256, 64, 8, 4),
                 (16, 128, None, 128, 4, 3), (16, 64, None, 128, 4, 5))
 GROUPED_MENU_ROWS = 16  #: Rows above which --menu times the grouped tiles.
@@ -137,7 +136,7 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
     x0, tw0, ids0 = inputs[0]
     incumbent = inc.Incumbent(mods, x0, w1, w2, ids0)
     served = flyreg.resolve_spec("fused_moe", spec, "cuda")
-    configs: dict[str, Config] = {"default": space.triton_default(spec, Device.of("cuda"))}
+    configs: dict[str, Config] = {"default": space.triton_default(spec)}
     if menu and M <= space.DECODE_ROWS:
         bm, offered = space.decode_block_m(M), space.decode_configs(spec)
         for bn, bnd, bk, warps, stages in MENU:

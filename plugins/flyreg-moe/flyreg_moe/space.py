@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from flyreg.plugin import Config, Device
+from flyreg.plugin import Config
 
 #: Row-count buckets: an unseen M is served from the smallest bucket at least M (the largest above it).
 M_BUCKETS = tuple(1 << i for i in range(14))  # 1, 2, 4, ..., 8192
@@ -39,15 +39,10 @@ SMS = 132  #: Multiprocessors of the H200: the default splits GEMM 2 until its p
 DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
-#: Rows up to which the default takes the decode path where :func:`pair_default` gives none: on an H100 it beat the
-#: grouped path at M = 1 to 16 (its served config) and 32 (its default, by 1 to 5 %) on every shape of
-#: ``vs_incumbent --menu`` (docs/decisions.md).
-DECODE_DEFAULT_ROWS = 32
-#: Datasheet bandwidth (bytes/s) from which a device's default takes the decode path up to
-#: :data:`FAST_DECODE_DEFAULT_ROWS` rows instead: on an H200 (4.8 TB/s; an H100 reads 3.35) the grouped path's
-#: smallest default tile beat the decode default at M = 32 (docs/decisions.md).
-FAST_MEMORY = 4e12
-FAST_DECODE_DEFAULT_ROWS = 16
+#: Rows up to which the default takes the decode path where :func:`pair_default` gives none: it beat the grouped path
+#: at M = 1 to 16 on every shape of ``vs_incumbent --menu``; at M = 32 the grouped path's 16-row tiles beat it on
+#: the H200 (by 6 to 13 %) and on an H100 (by 1 to 3 %, another H100 having timed it 1 to 5 % behind; docs/decisions.md).
+DECODE_DEFAULT_ROWS = 16
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
 #: Rows (tokens) up to which the pair path is offered: it reads an expert's weights once per pair, and multiplies
 #: without tensor cores.
@@ -210,21 +205,14 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
     return out + decode_configs(spec) + pair_configs(spec)
 
 
-def decode_default_rows(device: Device | None) -> int:
-    """Rows up to which the default of ``device`` (None: unknown) takes the pair or decode path."""
-    fast = device is not None and (device.bandwidth or 0) >= FAST_MEMORY
-    return FAST_DECODE_DEFAULT_ROWS if fast else DECODE_DEFAULT_ROWS
-
-
-def triton_default(spec: Mapping[str, Any], device: Device | None = None) -> Config:
-    """Heuristic config of ``spec`` on ``device`` (in :func:`triton_configs`; evidence: docs/decisions.md): up to
-    :func:`decode_default_rows` rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the
-    tile of
+def triton_default(spec: Mapping[str, Any]) -> Config:
+    """Heuristic config (in :func:`triton_configs`; evidence: docs/decisions.md): up to :data:`DECODE_DEFAULT_ROWS`
+    rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the tile of
     :data:`DEFAULT_TILES` for the rows an expert gets (r), GEMM 2 split by :func:`default_split`, above 16 rows TMA
     where :func:`tma_fits` and tails where :func:`tails_fit`, and the 128-row tile's GEMM 2 256 wide where
     :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)
-    if M <= decode_default_rows(device):
+    if M <= DECODE_DEFAULT_ROWS:
         return pair_default(spec) or decode_default(spec)
     r = rows_per_expert(spec)
     _, bm, bn, bk, warps, stages, group, tails = next(t for t in DEFAULT_TILES if r <= t[0])

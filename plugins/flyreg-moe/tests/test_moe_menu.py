@@ -75,13 +75,10 @@ def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> Non
             if twin.kwargs["TMA"] is False:
                 twin = type(c)({k: v for k, v in c.kwargs.items() if k != "TMA"}, **c.hints)
             assert (twin in offered) is (twin in set(menu.values()))
-    # 32 rows of an unseen shape, where the default takes the decode path: the default's smallest grouped tile is timed
-    rows, bm, bn, bk, warps, stages, _, _ = space.DEFAULT_TILES[0]
+    # 32 rows of an unseen shape, the decode path's last bucket: the default (its smallest grouped tile) is timed
     E, K, N, topk = vs_incumbent.UNSEEN_SHAPES["OLMoE-1B-7B"]
     spec = {"E": E, "K": K, "N": N, "topk": topk, "M": 32, "dtype": "bfloat16", "backend": "triton"}
-    assert space.rows_per_expert(spec) <= rows and space.triton_default(spec).kwargs.get("DECODE")
-    timed = {vs_incumbent.tiling(c) for c in vs_incumbent.grouped_menu(spec).values()}
-    assert (bm, bn, None, bk, warps, stages) in timed
+    assert space.triton_default(spec) in vs_incumbent.grouped_menu(spec).values()
     # Mixtral at 128 rows: SGLang's tiling there (64 rows, GEMM 1 64 gate and 64 up columns, GEMM 2 128) is timed
     assert any((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN")) == (64, 64, 128)
                for c in vs_incumbent.grouped_menu(_spec("Mixtral-8x7B", 128)).values())
