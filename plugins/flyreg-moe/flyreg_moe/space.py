@@ -35,13 +35,15 @@ SMS = 132  #: Multiprocessors of the H200: the default splits GEMM 2 until its p
 #: The default's tiles, the first whose rows an expert gets bound r: (rows, BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
 #: num_stages, most GROUP_M, most TAILS). From a menu timed on every shipped workload on the H200 (``moe_menu.py``
 #: and ``moe_knob_ab.py`` under the tag ``lab-archive-2026-12``; docs/decisions.md); above 8 rows grouped (weights
-#: read once from L2: ungrouped tiles read 1.15x slower at Mixtral M = 64).
-DEFAULT_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
+#: read once from L2: ungrouped tiles read 1.15x slower at Mixtral M = 64). The first, 64 columns in 5 stages, from
+#: ``vs_incumbent --menu`` at M = 32 and 64 on an H100: level with 128 in 3 or up to 2.4 % faster on seven shapes.
+DEFAULT_TILES = ((8, 16, 64, 128, 4, 5, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
 DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 #: Rows up to which the default takes the decode path where :func:`pair_default` gives none: it beat the grouped path
-#: at M = 1 to 16 on every shape of ``vs_incumbent --menu``; at M = 32 the grouped path's 16-row tiles beat it on
-#: the H200 (by 6 to 13 %) and on an H100 (by 1 to 3 %, another H100 having timed it 1 to 5 % behind; docs/decisions.md).
+#: at M = 1 to 16 on every shape of ``vs_incumbent --menu``; at M = 32 the grouped path's first default tile read
+#: level to 2.6 % faster on an H100 (seven shapes, two runs), and the H200's tuned 16-row tiles 6 to 13 % faster
+#: (docs/decisions.md).
 DECODE_DEFAULT_ROWS = 16
 DECODE_NS = DECODE_N_DOWNS = (16, 32, 64, 128)  #: Columns a decode GEMM 1 (gate, up each) and GEMM 2 program takes.
 #: Rows (tokens) up to which the pair path is offered: it reads an expert's weights once per pair, and multiplies
