@@ -48,8 +48,9 @@ def device_of(ident: DeviceIdentity) -> Device:
 
 
 def takes_device(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` (a default) takes a ``device`` argument by that name."""
+    """Whether ``fn`` (a default) takes a ``device`` argument by that name (one it can be passed by keyword)."""
     try:
-        return "device" in inspect.signature(fn).parameters
+        param = inspect.signature(fn).parameters.get("device")
     except (TypeError, ValueError):  # a callable without a signature (a builtin) takes the spec alone
         return False
+    return param is not None and param.kind is not param.POSITIONAL_ONLY

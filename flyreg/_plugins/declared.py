@@ -297,12 +297,9 @@ class DeclaredOp:
     def configs(self, spec: Spec) -> list[Config]:
         return self._spaces[self._backend(spec)][0](spec)
 
+    @hookimpl
     def default(self, spec: Spec, device: Device | None = None) -> Config:
         return self._spaces[self._backend(spec)][1](spec, device)
-
-    @hookimpl(specname="default")
-    def _default_hook(self, spec: Spec, device: Device | None) -> Config:  # pluggy passes no argument with a default
-        return self.default(spec, device)
 
     @hookimpl
     def describe(self) -> OpRecord:

@@ -40,14 +40,14 @@ def _renamed(e: ValueError | TypeError, message: str) -> Exception:
     return new
 
 
-def _required_params(fn: Callable[..., Any]) -> list[str] | None:
-    """The argument names pluggy passes to ``fn`` (those without a default), or None if unknown."""
+def _named_params(fn: Callable[..., Any]) -> list[str] | None:
+    """The argument names of ``fn`` pluggy may pass (with a default or not: pluggy passes those the call has), or None
+    if unknown."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    return [p.name for p in params
-            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _check_arg_names(name: str, obj: object) -> None:
@@ -57,7 +57,7 @@ def _check_arg_names(name: str, obj: object) -> None:
         opts = getattr(fn, f"{hookspecs.PROJECT}_impl", None)
         if not isinstance(opts, dict) or opts.get("specname") not in (None, hook):
             continue  # not a hook implementation, or one of another hook (pluggy validates those)
-        have, want = _required_params(fn), _required_params(getattr(hookspecs, hook))
+        have, want = _named_params(fn), _named_params(getattr(hookspecs, hook))
         if have is None or want is None:
             continue
         extra = [p for p in have if p not in want]

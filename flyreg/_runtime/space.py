@@ -16,9 +16,9 @@ Prune = Callable[[list[Config], Spec], Sequence[Config]]
 
 class ConfigSpace:
     """The configs ``op`` offers for a spec: ``configs`` (a list, or a callable of the spec), pruned by
-    ``prune``, and ``default(spec)``, the heuristic config served with no search (None: no default); a
-    ``default`` with a ``device`` parameter is also given the :class:`~flyreg._core.device.Device` it serves
-    (None where no device is named: the check of a stored config).
+    ``prune``, and ``default``, the heuristic config served with no search (None: no default), a function of the
+    spec and, where it takes a ``device`` parameter, of the :class:`~flyreg._core.device.Device` it serves (None
+    where no device is named: the check of a stored config).
 
     ``stored_check(spec)`` raises ValueError (a :class:`~flyreg._core.keys.SpecError`) for a spec the
     op never looks up (one that does not fit its declared axes): no stored config of it is taken.
@@ -48,15 +48,24 @@ class ConfigSpace:
             raise TypeError(f"{self.op}: configs must be Config instances, got {type(bad[0]).__name__}")
         return list(dict.fromkeys(cands))
 
-    def default(self, spec: Spec, device: DeviceIdentity | None = None) -> Config | None:
-        """The op's default config for ``spec`` on ``device`` (None: no device named), or None when it has no
-        default."""
+    def default(self, spec: Spec, ident: DeviceIdentity | None = None) -> Config | None:
+        """The op's default config for ``spec`` on the device ``ident`` (None: no device named), or None when it has
+        no default. A default of the device that differs from the one with none must be among the candidates, so a
+        stored copy of it is a config the op takes (:meth:`accepts` knows no device): a TypeError otherwise."""
         if self.default_fn is None:
             return None
-        if self.default_takes_device:
-            config = self.default_fn(spec, device=None if device is None else device_of(device))
-        else:
-            config = self.default_fn(spec)
+        if not self.default_takes_device:
+            return self._checked(self.default_fn(spec))
+        anywhere = self._checked(self.default_fn(spec, device=None))
+        if ident is None:
+            return anywhere
+        config = self._checked(self.default_fn(spec, device=device_of(ident)))
+        if config != anywhere and config not in self.candidates(spec):
+            raise TypeError(f"{self.op}: default() gave {config} on {ident.name} for spec {spec}, which is not among "
+                            f"its configs(spec): a stored copy would be refused; offer it in configs(spec)")
+        return config
+
+    def _checked(self, config: object) -> Config:
         if not isinstance(config, Config):
             raise TypeError(f"{self.op}: default() must return a Config, got {type(config).__name__}")
         return config

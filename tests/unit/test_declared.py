@@ -192,9 +192,8 @@ def test_every_hook_is_derived_from_a_full_declaration() -> None:
              for t in node.targets if isinstance(t, ast.Name)}
     required, optional = (ast.literal_eval(lists[n]) for n in ("REQUIRED_HOOKS", "OPTIONAL_HOOKS"))
     full = declared(workloads={"cpu": []}, make_inputs=lambda spec, device: (), work=lambda spec: None)
-    implemented = {getattr(value, "flyreg_impl").get("specname") or name for name in dir(full)
-                   if hasattr(value := getattr(full, name), "flyreg_impl")}
-    assert implemented == {*required, *optional}
+    for hook in (*required, *optional):
+        assert hasattr(getattr(full, hook), "flyreg_impl"), hook
 
 
 def test_every_field_is_described_in_the_plugin_guide() -> None:

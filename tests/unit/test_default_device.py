@@ -11,7 +11,7 @@ import torch
 
 import flyreg
 from flyreg import Config, hookimpl
-from flyreg.plugin import Device
+from flyreg.plugin import Device, PluginError
 
 from row_scale import RowScale
 from test_declared import declared
@@ -89,14 +89,57 @@ def test_a_declared_default_of_the_device_gets_it_and_one_of_the_spec_does_not()
     assert declared().default(spec) == Config({"STEP": 1})  # a default of the spec alone
 
 
-def test_an_autotuner_default_of_the_device_gets_it() -> None:
+def rows_tuner(name: str, fast_rows: int) -> flyreg.Autotuner:
+    """An Autotuner offering ROWS 1 and 2, whose default is ``fast_rows`` on a device of known bandwidth, else 1."""
+
+    def default(spec: dict[str, Any], device: Device | None) -> Config:
+        return Config({"ROWS": fast_rows if device is not None and device.bandwidth else 1})
+
+    return flyreg.Autotuner(name, lambda config, spec: (lambda x: x), lambda x: {"M": x.shape[0]},
+                            [Config({"ROWS": 1}), Config({"ROWS": 2})], default)
+
+
+H200 = flyreg.DeviceIdentity("NVIDIA_H200", "sm_90")
+
+
+def test_an_autotuner_default_of_the_device_gets_it_and_a_stored_copy_is_taken() -> None:
+    tuner = rows_tuner("rows_tuner_by_device", fast_rows=2)
+    assert tuner.resolve_spec({"M": 4}, "cpu").config == Config({"ROWS": 1})  # no bandwidth known for a CPU
+    assert tuner.space.default({"M": 4}, H200) == Config({"ROWS": 2})  # a product of known bandwidth
+    assert tuner.space.default({"M": 4}) == Config({"ROWS": 1})  # no device named
+    assert tuner.space.accepts(Config({"ROWS": 2}), {"M": 4}) is None  # the H200's default, read back from a file
+
+
+def test_a_default_of_the_device_outside_the_configs_is_a_clear_error() -> None:
+    tuner = rows_tuner("rows_tuner_outside", fast_rows=64)
+    with pytest.raises(TypeError, match=r"default\(\) gave .*ROWS=64.* on NVIDIA_H200 .* not among its configs"):
+        tuner.space.default({"M": 4}, H200)
+
+
+class MisnamedDevice(RowScale):
+    @hookimpl
+    def default(self, spec: dict[str, Any], dev: Device | None = None) -> Config:  # never passed: not the hook's name
+        return Config({"ROWS": 8})
+
+
+def test_a_default_hook_naming_the_device_otherwise_is_refused() -> None:
+    with pytest.raises(PluginError, match=r"hook default\(spec, dev\) takes \['dev'\], which the hook "
+                                          r"default\(spec, device\) does not pass"):
+        flyreg.register(MisnamedDevice(), name="rows_misnamed_device")
+
+
+def test_a_search_times_the_default_of_the_device_it_runs_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     seen: list[Device | None] = []
 
     def default(spec: dict[str, Any], device: Device | None) -> Config:
         seen.append(device)
         return Config({"ROWS": 2})
 
-    tuner = flyreg.Autotuner("rows_tuner_by_device", lambda config, spec: (lambda x: x),
-                             lambda x: {"M": x.shape[0]}, [Config({"ROWS": 1}), Config({"ROWS": 2})], default)
-    assert tuner.resolve_spec({"M": 4}, "cpu").config == Config({"ROWS": 2})
-    assert isinstance(seen[-1], Device) and seen[-1].arch.startswith("cpu-")
+    monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
+    tuner = flyreg.Autotuner("rows_tuner_searched", lambda config, spec: (lambda x: x * 1.0), lambda x: {"M": x.shape[0]},
+                             [Config({"ROWS": 1}), Config({"ROWS": 2})], default)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(tuner(x), x)
+    report = next(iter(tuner.reports.values()))
+    assert report.default_ms is not None and Device.of("cpu") in seen  # the search asked for the CPU's default

@@ -72,7 +72,7 @@ PAIR_MENU_STAGES = 3  #: The stages of the pair-path configs --menu times (all o
 #: Grouped-path tiles timed with --menu: (BLOCK_M, BLOCK_N, BLOCK_N_DOWN, BLOCK_K, num_warps, num_stages). The
 #: tilings of SGLang's shipped H200 configs at Mixtral M = 64, 128, 256 and Qwen3 M = 512 (its BLOCK_SIZE_N is GEMM
 #: 1's gate and up columns counted apart, and GEMM 2's), the default's largest tile, and two 16-row tiles: the
-#: default's smallest (its tile at M = 32, which the H200 artifacts of Qwen3 took there), and gpt-oss-20b's there.
+#: default's smallest (its tile at M = 32, gpt-oss-20b's H200 artifact there), and its former one (Qwen3's there).
 GROUPED_MENU = ((32, 64, 128, 128, 4, 3), (64, 64, 128, 128, 8, 4), (64, 64, 128, 64, 4, 3), (128, 128, 256, 64, 8, 4),
                 (16, 128, None, 128, 4, 3), (16, 64, None, 128, 4, 5))
 GROUPED_MENU_ROWS = 16  #: Rows above which --menu times the grouped tiles.

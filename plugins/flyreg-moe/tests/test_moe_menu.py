@@ -75,7 +75,7 @@ def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> Non
             if twin.kwargs["TMA"] is False:
                 twin = type(c)({k: v for k, v in c.kwargs.items() if k != "TMA"}, **c.hints)
             assert (twin in offered) is (twin in set(menu.values()))
-    # 32 rows of an unseen shape, the decode path's last bucket: the default (its smallest grouped tile) is timed
+    # 32 rows of an unseen shape, where the default's grouped path starts: the default (its smallest tile) is timed
     E, K, N, topk = vs_incumbent.UNSEEN_SHAPES["OLMoE-1B-7B"]
     spec = {"E": E, "K": K, "N": N, "topk": topk, "M": 32, "dtype": "bfloat16", "backend": "triton"}
     assert space.triton_default(spec) in vs_incumbent.grouped_menu(spec).values()
