@@ -94,4 +94,3 @@ class ConfigSpace:
     def canonical(self, config: Config, spec: Spec) -> Config:
         """The op's own config equal to ``config`` (read from a file), which carries its ``pre_hook``."""
         return next((c for c in self.known(spec) if c == config), config)
-

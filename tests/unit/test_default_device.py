@@ -137,8 +137,8 @@ def test_a_search_times_the_default_of_the_device_it_runs_on(monkeypatch: pytest
 
     monkeypatch.setenv("FLYREG_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FLYREG_AUTOTUNE", "1")
-    tuner = flyreg.Autotuner("rows_tuner_searched", lambda config, spec: (lambda x: x * 1.0), lambda x: {"M": x.shape[0]},
-                             [Config({"ROWS": 1}), Config({"ROWS": 2})], default)
+    tuner = flyreg.Autotuner("rows_tuner_searched", lambda config, spec: (lambda x: x * 1.0),
+                             lambda x: {"M": x.shape[0]}, [Config({"ROWS": 1}), Config({"ROWS": 2})], default)
     x = torch.randn(4, 3)
     torch.testing.assert_close(tuner(x), x)
     report = next(iter(tuner.reports.values()))

@@ -98,8 +98,9 @@ def test_space_offers_the_decode_path_to_few_rows_and_the_default_takes_it_only_
         assert bool(default.kwargs.get("PAIR_MLP")) == (pair is not None) == (M <= 2)
         if default.kwargs.get("DECODE"):
             assert default in decode
-            assert (default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]) == (32, 64, 5)
-    wide = space.decode_default({**base, "M": 32})  # the decode path's best at 32 rows: GEMM 1 twice as wide, GEMM 2 half
+            tile = default.kwargs["BLOCK_N"], default.kwargs["BLOCK_N_DOWN"], default.hints["num_stages"]
+            assert tile == (32, 64, 5)
+    wide = space.decode_default({**base, "M": 32})  # the decode path's best at 32 rows: GEMM 1 twice as wide
     assert (wide.kwargs["BLOCK_N"], wide.kwargs["BLOCK_N_DOWN"], wide.hints["num_stages"]) == (64, 32, 4)
 
 
