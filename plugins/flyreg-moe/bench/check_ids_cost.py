@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from flyreg.plugin import Device
 from flyreg_moe import space, triton_moe
 from flyreg_moe.checks import CHECK_IDS_ENV
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
@@ -65,7 +66,7 @@ def main() -> None:
             args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
             spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16",
                     "topk": topk}
-            config = space.triton_default(spec)
+            config = space.triton_default(spec, Device.of("cuda"))
             runs = {False: bind(args, config, False), True: bind(args, config, True)}
             times: dict[bool, list[float]] = {False: [], True: []}
             for r in range(a.rounds):

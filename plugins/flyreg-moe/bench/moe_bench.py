@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 import flyreg
 
+from flyreg.plugin import Device
 from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
@@ -153,7 +154,7 @@ def bench_cell(name: str, shape: tuple[int, int, int, int], M: int, reps: int, r
     spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
     op = flyreg.op("fused_moe")
     served = flyreg.resolve_spec("fused_moe", spec, "cuda")
-    default = space.triton_default(spec)
+    default = space.triton_default(spec, Device.of("cuda"))
     run_default = triton_moe.bind_fused_moe(*args, **default.kwargs, **default.hints)
     ref = fused_moe_reference(*args)
     row: dict[str, Any] = {"model": name, "E": E, "K": K, "N": N, "topk": topk, "M": M,

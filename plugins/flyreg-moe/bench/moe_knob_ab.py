@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import flyreg
-from flyreg.plugin import Config
+from flyreg.plugin import Config, Device
 from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
@@ -65,7 +65,8 @@ def ab_cell(name: str, M: int, knob_name: str, value: Any, rounds: int, reps: in
     spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
     args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
     ref = fused_moe_reference(*args)
-    bases = {"served": flyreg.resolve_spec("fused_moe", spec, "cuda").config, "default": space.triton_default(spec)}
+    bases = {"served": flyreg.resolve_spec("fused_moe", spec, "cuda").config,
+             "default": space.triton_default(spec, Device.of("cuda"))}
     configs = {**bases, **{f"{k}+knob": with_knob(c, knob_name, value) for k, c in bases.items()}}
     runs, skipped = {}, {}
     for k, c in configs.items():

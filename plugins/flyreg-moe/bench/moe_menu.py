@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import flyreg
-from flyreg.plugin import Config
+from flyreg.plugin import Config, Device
 from flyreg_moe import space, triton_moe
 from flyreg_moe.ops import MODEL_SHAPES, make_moe_inputs
 
@@ -82,7 +82,7 @@ def main() -> None:
             args = make_moe_inputs(M, E, N, K, topk, torch.bfloat16, "cuda")
             configs = menu_configs(spec, a.knobs)
             served = flyreg.resolve_spec("fused_moe", spec, "cuda").config
-            default = space.triton_default(spec)
+            default = space.triton_default(spec, Device.of("cuda"))
             configs += [c for c in dict.fromkeys((default, served)) if c not in configs]
             runs = {c: triton_moe.bind_fused_moe(*args, **c.kwargs, **c.hints) for c in configs}
             times, _ = timed_in_rounds({c: (lambda c=c: runs[c](*args)) for c in configs}, 2, a.reps)

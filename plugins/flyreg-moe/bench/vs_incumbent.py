@@ -46,7 +46,7 @@ import torch
 
 import flyreg
 
-from flyreg.plugin import Config
+from flyreg.plugin import Config, Device
 from flyreg_moe import space, triton_moe
 from flyreg_moe.cpu import fused_moe_reference
 from flyreg_moe.ops import MODEL_SHAPES
@@ -136,7 +136,7 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
     x0, tw0, ids0 = inputs[0]
     incumbent = inc.Incumbent(mods, x0, w1, w2, ids0)
     served = flyreg.resolve_spec("fused_moe", spec, "cuda")
-    configs: dict[str, Config] = {"default": space.triton_default(spec)}
+    configs: dict[str, Config] = {"default": space.triton_default(spec, Device.of("cuda"))}
     if menu and M <= space.DECODE_ROWS:
         bm, offered = space.decode_block_m(M), space.decode_configs(spec)
         for bn, bnd, bk, warps, stages in MENU:

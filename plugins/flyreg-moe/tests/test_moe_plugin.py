@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flyreg
-from flyreg.plugin import Config
+from flyreg.plugin import Config, Device
 from flyreg_moe import space
 
 from moe_cases import TOL, call, reference, rel_err
@@ -271,3 +271,54 @@ def test_every_shipped_artifact_is_a_config_of_its_spec_space_and_a_declared_wor
     # The H200 has every workload; another device (the H100's decode buckets) a subset, each spec once.
     assert len(seen.pop("NVIDIA_H200")) == len(workloads)
     assert all(len(specs) == len({str(sorted(s.items())) for s in specs}) for specs in seen.values())
+
+
+H200, H100 = Device.named("NVIDIA_H200", "sm_90"), Device.named("NVIDIA_H100_80GB_HBM3", "sm_90")
+
+
+@pytest.mark.parametrize("shape", [(64, 2048, 1024, 8), (60, 2048, 1408, 4), (16, 4096, 6400, 2), (128, 2048, 768, 8)])
+def test_a_high_bandwidth_device_gets_the_wide_first_tile(shape: tuple[int, ...]) -> None:
+    from flyreg_moe.ops import fused_moe
+
+    E, K, N, topk = shape
+    spec = {"E": E, "K": K, "N": N, "topk": topk, "M": 32, "dtype": "bfloat16", "backend": "triton"}
+    tiles = {}
+    for device in (None, H100, H200):
+        default = fused_moe.default(spec, device)  # the declared op's hook passes the device on
+        assert default == space.triton_default(spec, device) and default in space.triton_configs(spec)
+        tiles[device] = default.kwargs["BLOCK_N"], default.hints["num_stages"]
+    assert space.wide(H200) and not space.wide(H100) and not space.wide(None)
+    assert tiles[None] == tiles[H100] == (space.DEFAULT_TILES[0][2], space.DEFAULT_TILES[0][5]) == (64, 5)
+    assert tiles[H200] == (space.WIDE_TILES[0][2], space.WIDE_TILES[0][5]) == (128, 3)
+    unknown = Device.named("Some_New_GPU", "sm_90")  # no datasheet bandwidth: the default of no device
+    assert space.triton_default(spec, unknown) == space.triton_default(spec)
+
+
+@pytest.mark.parametrize(("N", "wide_pair"), [(768, True), (1408, True), (2048, True), (2049, False), (6400, False)])
+def test_a_high_bandwidth_device_takes_the_pair_path_at_four_rows_up_to_its_n(N: int, wide_pair: bool) -> None:
+    for M in (1, 2, 3, 4, 16, 32):
+        spec = {"E": 64, "K": 2048, "N": N, "topk": 4, "M": space.m_bucket(M)}
+        h200, h100 = space.triton_default(spec, H200), space.triton_default(spec, H100)
+        assert h200 in space.triton_configs(spec) and h100 == space.triton_default(spec)
+        if space.m_bucket(M) == 4:
+            assert not h100.kwargs.get("PAIR_MLP")  # decode on the H100
+            assert h200.kwargs.get("PAIR_MLP", False) is wide_pair
+            if wide_pair:
+                bn, bk, warps, bnd = space.PAIR_WIDE_TILE
+                assert (h200.kwargs["BLOCK_N"], h200.kwargs["BLOCK_K"], h200.hints["num_warps"],
+                        h200.kwargs["BLOCK_N_DOWN"], h200.hints["num_stages"]) == (bn, bk, warps, bnd, 3)
+                assert h200 == space.pair_default(spec, H200) and space.pair_default(spec, H100) is None
+        elif M < 32:
+            assert h200 == h100  # one and two rows, and 16, the same on both cards
+
+
+def test_every_device_default_is_a_config_of_its_space() -> None:
+    from flyreg_moe.ops import MODEL_SHAPES
+
+    from flyreg_moe_bench.vs_incumbent import UNSEEN_SHAPES
+
+    for E, K, N, topk in [*MODEL_SHAPES.values(), *UNSEEN_SHAPES.values()]:
+        for M in space.M_BUCKETS:
+            spec = {"E": E, "K": K, "N": N, "topk": topk, "M": M}
+            configs = space.triton_configs(spec)
+            assert all(space.triton_default(spec, d) in configs for d in (None, H100, H200)), spec
