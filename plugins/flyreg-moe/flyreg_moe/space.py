@@ -43,8 +43,8 @@ DEFAULT_TILES = ((8, 16, 64, 128, 4, 5, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), 
 #: the H100's 3.35 TB/s and the H200's 4.8, the two cards measured; any other card goes by its datasheet, untimed.
 WIDE_BANDWIDTH = 4.5e12
 #: The default's tiles on such a device: the first 128 columns in 3 stages. On an H200 (``vs_incumbent --menu`` at M =
-#: 32 and 64, docs/decisions.md) it read 2 to 6 % faster than 64 in 5 stages on OLMoE and Qwen1.5-MoE, 1.2 % slower on
-#: Phi-3.5-MoE, and the H200's own tunes at M = 32 took 128 columns on Qwen3 and DeepSeek.
+#: 32 and 64, docs/decisions.md) it read 1 to 5 % faster than 64 in 5 stages on OLMoE and Qwen1.5-MoE, about 2 %
+#: slower on Phi-3.5-MoE, and the H200's own tunes at M = 32 took 128 columns on Qwen3 and DeepSeek.
 WIDE_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), *DEFAULT_TILES[1:])
 DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 #: Rows up to which the default takes the decode path where :func:`pair_default` gives none: it beat the grouped path
