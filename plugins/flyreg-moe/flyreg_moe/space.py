@@ -39,13 +39,16 @@ SMS = 132  #: Multiprocessors of the H200: the default splits GEMM 2 until its p
 #: ``vs_incumbent --menu`` at M = 32 and 64 on an H100: level with 128 in 3 or up to 2.4 % faster on seven shapes.
 DEFAULT_TILES = ((8, 16, 64, 128, 4, 5, 1, 0), (16, 16, 128, 128, 4, 3, 16, 0), (32, 32, 128, 128, 4, 2, 4, 1),
                  (64, 64, 128, 64, 4, 4, 16, 2), (1 << 62, 128, 128, 64, 8, 4, 8, 2))
-#: Datasheet bandwidth (bytes/s) from which the default takes :data:`WIDE_TILES` and :data:`PAIR_WIDE_ROWS`: between
-#: the H100's 3.35 TB/s and the H200's 4.8, the two cards measured; any other card goes by its datasheet, untimed.
-WIDE_BANDWIDTH = 4.5e12
+#: Datasheet bandwidth (bytes/s) from which the default takes :data:`HIGH_BANDWIDTH_TILES` and
+#: :data:`PAIR_HIGH_BANDWIDTH_ROWS`: between the H100's 3.35 TB/s and the H200's 4.8, the two cards measured. A product
+#: in flyreg's table of datasheet peaks goes by its bandwidth there (the H200 NVL untimed); one outside it by the
+#: H100's rule.
+HIGH_BANDWIDTH = 4.5e12
 #: The default's tiles on such a device: the first 128 columns in 3 stages. On an H200 (``vs_incumbent --menu`` at M =
 #: 32 and 64, docs/decisions.md) it read 1 to 5 % faster than 64 in 5 stages on OLMoE and Qwen1.5-MoE, about 2 %
-#: slower on Phi-3.5-MoE, and the H200's own tunes at M = 32 took 128 columns on Qwen3 and DeepSeek.
-WIDE_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), *DEFAULT_TILES[1:])
+#: slower on Phi-3.5-MoE; the H200's own tunes at M = 32 took 128 columns on Qwen3 and DeepSeek, 64 on gpt-oss and
+#: Mixtral.
+HIGH_BANDWIDTH_TILES = ((8, 16, 128, 128, 4, 3, 1, 0), *DEFAULT_TILES[1:])
 DECODE_ROWS = 64  #: Rows (tokens) up to which the decode path is offered: its tile holds every token, BLOCK_M <= 64.
 #: Rows up to which the default takes the decode path where :func:`pair_default` gives none: it beat the grouped path
 #: at M = 1 to 16 on every shape of ``vs_incumbent --menu``; at M = 32 the grouped path's first default tile read
@@ -71,11 +74,11 @@ PAIR_W2_PER_THREAD = 64
 #: untimed between them. This tile was within 1.06x of the pair path's best at the cells it takes.
 PAIR_DEFAULT_TILE = (64, 128, 8, 128)
 PAIR_DEFAULT_ROWS = {1: (4096, 4), 2: (2048, 3)}
-#: On a device of :data:`WIDE_BANDWIDTH`, also four rows up to N = 2048, in 3 stages, under its own tile: on an H200
-#: the pair path's best there (64 of N, 64 deep, 4 warps, 128 outputs a step) read 1.08x the decode default at
-#: OLMoE and Qwen1.5-MoE M = 4, and the H200's tunes took the pair path at Qwen3 and DeepSeek M = 4 (the H100's
-#: at DeepSeek only; Phi-3.5-MoE, N = 6400, stayed on the decode path).
-PAIR_WIDE_ROWS, PAIR_WIDE_TILE = {4: (2048, 3)}, (64, 64, 4, 128)
+#: On a device of :data:`HIGH_BANDWIDTH` or more, also four rows up to N = 2048, in 3 stages, under their own tile: on
+#: an H200 the pair path's best there (64 of N, 64 deep, 4 warps, 128 outputs a step) read 1.08x the decode default at
+#: OLMoE and Qwen1.5-MoE M = 4, and the H200's tunes took the pair path at Qwen3 and DeepSeek M = 4 (the H100's at
+#: DeepSeek only; Phi-3.5-MoE, N = 6400, stayed on the decode path).
+PAIR_HIGH_BANDWIDTH_ROWS, PAIR_HIGH_BANDWIDTH_TILE = {4: (2048, 3)}, (64, 64, 4, 128)
 CPU_GROUPS = (1, 2, 4, 8, 16, 32, 64, 128)  #: EXPERT_GROUP values offered on the CPU (those up to E, and E itself).
 
 
@@ -180,21 +183,27 @@ def _pair_config(bn: int, bk: int, warps: int, bnd: int, stages: int) -> Config:
                    "BLOCK_N_DOWN": bnd, "PAIR_MLP": True}, num_warps=warps, num_stages=stages)
 
 
-def wide(device: Device | None) -> bool:
-    """Whether the default takes a high-bandwidth device's tiles: a datasheet bandwidth of :data:`WIDE_BANDWIDTH` or
+def high_bandwidth(device: Device | None) -> bool:
+    """Whether the default takes a high-bandwidth device's tiles: a datasheet bandwidth of :data:`HIGH_BANDWIDTH` or
     more (None, or a device flyreg knows no bandwidth of, takes the others)."""
-    return device is not None and device.bandwidth is not None and device.bandwidth >= WIDE_BANDWIDTH
+    return device is not None and device.bandwidth is not None and device.bandwidth >= HIGH_BANDWIDTH
 
 
 def pair_default(spec: Mapping[str, Any], device: Device | None = None) -> Config | None:
-    """The pair-path default where :data:`PAIR_DEFAULT_ROWS` (and on a :func:`wide` device :data:`PAIR_WIDE_ROWS`)
-    gives the spec's rows the path (N at most its bound), else None."""
+    """The pair-path default where :data:`PAIR_DEFAULT_ROWS` (and on a :func:`high_bandwidth` device
+    :data:`PAIR_HIGH_BANDWIDTH_ROWS`, under its own tile) gives the spec's rows the path (N at most its bound), else
+    None."""
     M, _, N, _, _ = shape(spec)
-    rows = {**PAIR_DEFAULT_ROWS, **PAIR_WIDE_ROWS} if wide(device) else PAIR_DEFAULT_ROWS
-    if M not in rows or N > rows[M][0]:
+    if high_bandwidth(device) and M in PAIR_HIGH_BANDWIDTH_ROWS:
+        (most_n, stages), tile = PAIR_HIGH_BANDWIDTH_ROWS[M], PAIR_HIGH_BANDWIDTH_TILE
+    elif M in PAIR_DEFAULT_ROWS:
+        (most_n, stages), tile = PAIR_DEFAULT_ROWS[M], PAIR_DEFAULT_TILE
+    else:
         return None
-    bn, bk, warps, bnd = PAIR_WIDE_TILE if M in PAIR_WIDE_ROWS else PAIR_DEFAULT_TILE
-    return _pair_config(bn, bk, warps, bnd, rows[M][1])
+    if N > most_n:
+        return None
+    bn, bk, warps, bnd = tile
+    return _pair_config(bn, bk, warps, bnd, stages)
 
 
 def decode_default(spec: Mapping[str, Any]) -> Config:
@@ -228,16 +237,16 @@ def triton_configs(spec: Mapping[str, Any]) -> list[Config]:
 def triton_default(spec: Mapping[str, Any], device: Device | None = None) -> Config:
     """Heuristic config for ``device`` (in :func:`triton_configs`; evidence: docs/decisions.md): up to
     :data:`DECODE_DEFAULT_ROWS` rows :func:`pair_default` where it gives one, else :func:`decode_default`; above, the
-    tile of :data:`DEFAULT_TILES` (:data:`WIDE_TILES` on a :func:`wide` device) for the rows an expert gets (r), GEMM
-    2 split by :func:`default_split`, above 16 rows TMA where :func:`tma_fits` and tails where :func:`tails_fit`, and
-    the 128-row tile's GEMM 2 256 wide where :func:`wide_down_fits` (at 24 to 128 rows an expert within 2 % of the
-    menu's best)."""
+    tile of :data:`DEFAULT_TILES` (:data:`HIGH_BANDWIDTH_TILES` on a :func:`high_bandwidth` device) for the rows an
+    expert gets (r), GEMM 2 split by :func:`default_split`, above 16 rows TMA where :func:`tma_fits` and tails where
+    :func:`tails_fit`, and the 128-row tile's GEMM 2 256 wide where :func:`wide_down_fits` (at 24 to 128 rows an
+    expert within 2 % of the menu's best)."""
     M, E, N, K, topk = shape(spec)
     if M <= DECODE_DEFAULT_ROWS:
         return pair_default(spec, device) or decode_default(spec)
     r = rows_per_expert(spec)
-    _, bm, bn, bk, warps, stages, group, tails = next(t for t in (WIDE_TILES if wide(device) else DEFAULT_TILES)
-                                                      if r <= t[0])
+    tiles = HIGH_BANDWIDTH_TILES if high_bandwidth(device) else DEFAULT_TILES
+    _, bm, bn, bk, warps, stages, group, tails = next(t for t in tiles if r <= t[0])
     bm = min(bm, max(BLOCK_MS[0], next_pow2(r)))
     group = max(g for g in _groups(spec) if g <= group)
     tma = r > 16 and tma_fits(E, N, K)

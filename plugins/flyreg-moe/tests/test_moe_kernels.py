@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flyreg
-from flyreg.plugin import Config
+from flyreg.plugin import Config, Device
 from flyreg_moe import cpu, space
 
 from moe_cases import (DEVICE, MODEL, TOL, call, gpu, needs_cuda, needs_triton, reference, rel_err, triton_call,
@@ -372,12 +372,12 @@ def _gpu_call(M: int, shape: tuple[int, int, int, int], dtype: torch.dtype = tor
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("model", list(MODEL))
-@pytest.mark.parametrize("M", [1, 7, 300, 2048])
+@pytest.mark.parametrize("M", [1, 3, 7, 32, 300, 2048])
 def test_gpu_default_config_on_model_shapes(model: str, M: int) -> None:
     E, K, N, topk = MODEL[model]
     args = _gpu_call(M, MODEL[model])
     spec = {"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}
-    config = space.triton_default(spec)
+    config = space.triton_default(spec, Device.of("cuda"))  # this card's default
     out = triton_call(*args, **config.kwargs, **config.hints)
     assert rel_err(out, cpu.fused_moe_reference(*args)) < TOL[torch.bfloat16]
 
@@ -408,7 +408,7 @@ def test_gpu_tma_weight_loads_on_model_shapes(model: str, M: int) -> None:
     shipped = flyreg.resolve_spec("fused_moe", spec, "cuda").config
     split = Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 4}, num_warps=4,
                    num_stages=4)
-    for config in (space.triton_default(spec), shipped, split):
+    for config in (space.triton_default(spec, Device.of("cuda")), shipped, split):
         out = triton_call(*args, **{**config.kwargs, "TMA": True}, **config.hints)
         assert rel_err(out, ref) < TOL[torch.bfloat16], config
 
@@ -460,7 +460,7 @@ def test_gpu_dependent_launches_give_the_bits_of_plain_ones(M: int) -> None:
     if not pdl_supported(args[0].device):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and a Triton with launch_pdl")
     E, K, N, topk = MODEL["Qwen3-30B-A3B"]
-    config = space.triton_default({"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk})
+    config = space.triton_default({"M": space.m_bucket(M), "E": E, "N": N, "K": K, "topk": topk}, Device.of("cuda"))
     plain, dependent = (triton_moe.bind_fused_moe(*args, **config.kwargs, **config.hints, pdl=on)
                         for on in (False, True))
     expected = plain(*args)

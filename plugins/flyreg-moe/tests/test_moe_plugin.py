@@ -16,6 +16,7 @@ from flyreg_moe import space
 from moe_cases import TOL, call, reference, rel_err
 
 SPEC = {"E": 8, "K": 40, "N": 48, "topk": 2, "dtype": "bfloat16"}
+H200, H100 = Device.named("NVIDIA_H200", "sm_90"), Device.named("NVIDIA_H100_80GB_HBM3", "sm_90")
 
 
 def test_listed_ok_with_its_distribution() -> None:
@@ -273,8 +274,6 @@ def test_every_shipped_artifact_is_a_config_of_its_spec_space_and_a_declared_wor
     assert all(len(specs) == len({str(sorted(s.items())) for s in specs}) for specs in seen.values())
 
 
-H200, H100 = Device.named("NVIDIA_H200", "sm_90"), Device.named("NVIDIA_H100_80GB_HBM3", "sm_90")
-
 
 @pytest.mark.parametrize("shape", [(64, 2048, 1024, 8), (60, 2048, 1408, 4), (16, 4096, 6400, 2), (128, 2048, 768, 8)])
 def test_a_high_bandwidth_device_gets_the_wide_first_tile(shape: tuple[int, ...]) -> None:
@@ -287,11 +286,17 @@ def test_a_high_bandwidth_device_gets_the_wide_first_tile(shape: tuple[int, ...]
         default = fused_moe.default(spec, device)  # the declared op's hook passes the device on
         assert default == space.triton_default(spec, device) and default in space.triton_configs(spec)
         tiles[device] = default.kwargs["BLOCK_N"], default.hints["num_stages"]
-    assert space.wide(H200) and not space.wide(H100) and not space.wide(None)
-    assert tiles[None] == tiles[H100] == (space.DEFAULT_TILES[0][2], space.DEFAULT_TILES[0][5]) == (64, 5)
-    assert tiles[H200] == (space.WIDE_TILES[0][2], space.WIDE_TILES[0][5]) == (128, 3)
+    assert tiles[None] == tiles[H100] == (64, 5) and tiles[H200] == (128, 3)
     unknown = Device.named("Some_New_GPU", "sm_90")  # no datasheet bandwidth: the default of no device
     assert space.triton_default(spec, unknown) == space.triton_default(spec)
+
+
+def test_the_high_bandwidth_rule_starts_at_its_bandwidth() -> None:
+    at, below = Device("At", "sm_90", bandwidth=space.HIGH_BANDWIDTH), Device("Below", "sm_90", bandwidth=4.49e12)
+    assert space.high_bandwidth(at) and space.high_bandwidth(H200)
+    assert not any(space.high_bandwidth(d) for d in (below, H100, None, Device("Unknown", "sm_90")))
+    spec = {"E": 64, "K": 2048, "N": 1024, "topk": 8, "M": 32}
+    assert space.triton_default(spec, at) == space.triton_default(spec, H200) != space.triton_default(spec, below)
 
 
 @pytest.mark.parametrize(("N", "wide_pair"), [(768, True), (1408, True), (2048, True), (2049, False), (6400, False)])
@@ -303,10 +308,9 @@ def test_a_high_bandwidth_device_takes_the_pair_path_at_four_rows_up_to_its_n(N:
         if space.m_bucket(M) == 4:
             assert not h100.kwargs.get("PAIR_MLP")  # decode on the H100
             assert h200.kwargs.get("PAIR_MLP", False) is wide_pair
-            if wide_pair:
-                bn, bk, warps, bnd = space.PAIR_WIDE_TILE
+            if wide_pair:  # 64 of N, 64 deep, 4 warps, 128 outputs a step, 3 stages
                 assert (h200.kwargs["BLOCK_N"], h200.kwargs["BLOCK_K"], h200.hints["num_warps"],
-                        h200.kwargs["BLOCK_N_DOWN"], h200.hints["num_stages"]) == (bn, bk, warps, bnd, 3)
+                        h200.kwargs["BLOCK_N_DOWN"], h200.hints["num_stages"]) == (64, 64, 4, 128, 3)
                 assert h200 == space.pair_default(spec, H200) and space.pair_default(spec, H100) is None
         elif M < 32:
             assert h200 == h100  # one and two rows, and 16, the same on both cards
