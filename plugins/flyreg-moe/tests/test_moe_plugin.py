@@ -274,7 +274,6 @@ def test_every_shipped_artifact_is_a_config_of_its_spec_space_and_a_declared_wor
     assert all(len(specs) == len({str(sorted(s.items())) for s in specs}) for specs in seen.values())
 
 
-
 @pytest.mark.parametrize("shape", [(64, 2048, 1024, 8), (60, 2048, 1408, 4), (16, 4096, 6400, 2), (128, 2048, 768, 8)])
 def test_a_high_bandwidth_device_gets_the_wide_first_tile(shape: tuple[int, ...]) -> None:
     from flyreg_moe.ops import fused_moe
