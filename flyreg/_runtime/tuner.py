@@ -43,8 +43,10 @@ class Autotuner:
     On a call: in-memory -> scratch disk cache -> offline artifact -> heuristic default ->
     full search. ``default(spec)`` may take a ``device`` argument: it is then given the
     :class:`~flyreg.plugin.Device` the call runs on (its product's name and datasheet peaks).
-    ``FLYREG_AUTOTUNE=1`` skips everything but the search for each new key and re-writes its results. The steady-state call builds a key, looks it up and launches; while
-    recording (``FLYREG_RECORD``, :func:`flyreg.record`) it also counts the call (:mod:`flyreg._runtime.serving_record`).
+    ``FLYREG_AUTOTUNE=1`` skips everything but the search for each new key and re-writes its
+    results. The steady-state call builds a key, looks it up and launches; while recording
+    (``FLYREG_RECORD``, :func:`flyreg.record`) it also counts the call
+    (:mod:`flyreg._runtime.serving_record`).
     A new key met while a CUDA graph is being captured gets cache -> offline -> default and a
     one-time warning, never a search (not even under ``FLYREG_AUTOTUNE=1``); where that is no config
     tuned for it, the key is kept pending for :func:`flyreg.tune_pending` to tune after capture.

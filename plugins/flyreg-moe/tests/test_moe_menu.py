@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from flyreg.plugin import Device
 from flyreg_moe import space
 from flyreg_moe.ops import MODEL_SHAPES
 from flyreg_moe_bench import moe_menu
@@ -79,6 +80,8 @@ def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> Non
     E, K, N, topk = vs_incumbent.UNSEEN_SHAPES["OLMoE-1B-7B"]
     spec = {"E": E, "K": K, "N": N, "topk": topk, "M": 32, "dtype": "bfloat16", "backend": "triton"}
     assert space.triton_default(spec) in vs_incumbent.grouped_menu(spec).values()
+    h200 = Device.named("NVIDIA_H200", "sm_90")  # the high-bandwidth rule's first tile is timed too
+    assert space.triton_default(spec, h200) in vs_incumbent.grouped_menu(spec).values()
     # Mixtral at 128 rows: SGLang's tiling there (64 rows, GEMM 1 64 gate and 64 up columns, GEMM 2 128) is timed
     assert any((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN")) == (64, 64, 128)
                for c in vs_incumbent.grouped_menu(_spec("Mixtral-8x7B", 128)).values())
