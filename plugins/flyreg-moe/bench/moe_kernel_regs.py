@@ -3,8 +3,8 @@
 Each distinct GEMM binary (GEMM 1 and GEMM 2) of the shipped Triton artifacts (``--served``) or of one
 spec's pruned space (``--spec E,K,N,topk,M``) is compiled twice for compute capability ``--arch``: with
 the weight tiles by pointer loads and no tail tiles (GEMM 2 as wide as the config makes it), and
-with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256`` or a mix such as
-``TMA,TAILS=2``), as a launch on aligned bf16 tensors binds it;
+with ``--variant``'s knobs (``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256``, ``ONE_DOT``, ``MASK_PAD`` or a mix
+such as ``TMA,TAILS=2``), as a launch on aligned bf16 tensors binds it;
 the ``ptxas -v`` Triton itself uses then gives the registers and spill bytes (the counts a device reports
 for the same Triton). Also counted in the PTX: wgmma, cp.async and TMA copy instructions, and 2-byte global loads
 (scalar: not vectorized).
@@ -52,7 +52,7 @@ COUNTED = {"wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]", "tma":
 
 
 def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: int, tma: bool = False,
-                 tails: int = 0, bn_down: int | None = None) -> Any:
+                 tails: int = 0, bn_down: int | None = None, one_dot: bool = False, mask_pad: bool = False) -> Any:
     """GEMM 1 (``gate_up``, SiLU fused) or GEMM 2 (``down``, ``bn_down`` columns wide where given) for this tile,
     shape and knobs, compiled for ``arch``."""
     bm, bn, bk, warps, stages = tile
@@ -61,14 +61,16 @@ def compile_gemm(which: str, tile: Tile, K: int, N: int, partial: bool, arch: in
     w = f"tensordesc<bf16[{bn},{bk}]>" if tma else "*bf16"
     if which == "gate_up":
         fn = gk._gate_up_kernel
+        if tma and one_dot:
+            w = f"tensordesc<bf16[2,{bn},{bk}]>"  # w1 as [E * 2, N, K]
         types = ["*bf16", w, "*bf16", "*i32", "*i32", "*i32"] + ["i32"] * 7  # X W1 H SORTED BLOCK_EXPERT USED, ints
-        consts = {"EVEN_K": K % bk == 0, "EVEN_N": N % bn == 0}
+        consts = {"EVEN_K": K % bk == 0, "EVEN_N": N % bn == 0, "ONE_DOT": one_dot}
     else:
         fn = gk._down_kernel
         types = ["*bf16", w, "*fp32" if partial else "*bf16", "*i32", "*i32", "*i32", "*fp32"] + ["i32"] * 7
         consts = {"PARTIAL": partial, "EVEN_K": N % bk == 0, "EVEN_N": K % bn == 0}
     consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **consts, "UPCAST": False, "TMA": tma, "TAILS": tails,
-              "PDL": arch >= 90}  # launched as programmatic dependents from Hopper on
+              "PDL": arch >= 90, "MASK_PAD": mask_pad}  # launched as programmatic dependents from Hopper on
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}  # a kernel from before a knob lacks it
     return compile_kernel(fn, types, consts, arch, warps, stages)
 
@@ -95,20 +97,21 @@ def described(build: Callable[[], Any], arch: int) -> dict[str, Any]:
 
 
 def variant(text: str) -> dict[str, Any]:
-    """``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256`` or a comma-separated mix: the knobs of the compared
-    binaries."""
+    """``TMA``, ``TAILS=2``, ``BLOCK_N_DOWN=256``, ``ONE_DOT``, ``MASK_PAD`` or a comma-separated mix: the knobs of
+    the compared binaries."""
     out: dict[str, Any] = {}
+    flags = {"TMA": "tma", "ONE_DOT": "one_dot", "MASK_PAD": "mask_pad"}
     for part in text.split(","):
         name, _, value = part.partition("=")
-        if name == "TMA":
-            out["tma"] = True
+        if name in flags and not value:
+            out[flags[name]] = True
         elif name == "TAILS" and value in ("1", "2"):
             out["tails"] = int(value)
         elif name == "BLOCK_N_DOWN" and value.isdigit() and int(value) >= 16 and not int(value) & (int(value) - 1):
             out["bn_down"] = int(value)
         else:
-            raise argparse.ArgumentTypeError("--variant takes TMA, TAILS=1 or 2 and BLOCK_N_DOWN=<a power of "
-                                             f"two >= 16>, comma-separated; got {part!r}")
+            raise argparse.ArgumentTypeError("--variant takes TMA, ONE_DOT, MASK_PAD, TAILS=1 or 2 and "
+                                             f"BLOCK_N_DOWN=<a power of two >= 16>, comma-separated; got {part!r}")
     return out
 
 

@@ -67,7 +67,8 @@ def _int(value: object) -> bool:
 
 
 def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K: int, TMA: bool = False,
-                TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False, PAIR_MLP: bool = False) -> None:
+                TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False, PAIR_MLP: bool = False,
+                ONE_DOT: bool = False, MASK_PAD: bool = False) -> None:
     """ValueError naming the first knob that breaks its rule (16: tl.dot's least tile; None: BLOCK_N); ``DECODE``
     and ``PAIR_MLP`` are two paths, at most one on."""
     tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
@@ -75,7 +76,8 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
     for name, value, (what, ok) in (("BLOCK_M", BLOCK_M, tile), ("BLOCK_N", BLOCK_N, tile), ("BLOCK_K", BLOCK_K, tile),
                                     ("BLOCK_N_DOWN", BLOCK_N if BLOCK_N_DOWN is None else BLOCK_N_DOWN, tile),
                                     ("GROUP_M", GROUP_M, count), ("SPLIT_K", SPLIT_K, count), ("TMA", TMA, flag),
-                                    ("DECODE", DECODE, flag), ("PAIR_MLP", PAIR_MLP, flag)):
+                                    ("DECODE", DECODE, flag), ("PAIR_MLP", PAIR_MLP, flag), ("ONE_DOT", ONE_DOT, flag),
+                                    ("MASK_PAD", MASK_PAD, flag)):
         if not ok(value):
             raise ValueError(f"fused_moe: {name} must be {what}, got {value!r}")
     if DECODE and PAIR_MLP:

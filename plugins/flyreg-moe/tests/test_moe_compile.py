@@ -31,6 +31,9 @@ CASES = [
     ("16,128,128,4,3,2048,768", "TMA"),           # a decode tile
     ("128,128,64,8,4,2880,2880", "TMA,TAILS=2,BLOCK_N_DOWN=256"),  # the default's 128-row tile, GEMM 2 256 wide
     ("64,64,128,8,4,4096,14336", "TMA,BLOCK_N_DOWN=128"),  # SGLang's Mixtral M = 128 tile: GEMM 2 twice GEMM 1
+    ("64,128,64,4,4,4096,14336", "TMA,ONE_DOT,MASK_PAD"),  # the H200's Mixtral M = 256 tile, gate and up in one dot
+    ("64,64,64,4,3,2048,768", "ONE_DOT"),                  # one dot with pointer loads
+    ("128,128,64,8,4,2880,2880", "TMA,TAILS=2,ONE_DOT"),   # one dot on the tail paths, K and N tails
 ]
 
 
@@ -59,8 +62,13 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
             assert not var["spill_bytes"]  # (pointer loads of the 128 x 128 x 64 GEMM 1 tile spill; TMA frees them)
         else:
             assert var["tma"] == 0 and var["smem"] == base["smem"]  # the tail paths share the tile's buffers
-        if "TAILS" in variant and base["wgmma"]:
+        one_dot = "ONE_DOT" in variant and row["kernel"] == "gate_up"
+        if "TAILS" in variant and base["wgmma"] and not one_dot:
             assert var["wgmma"] > base["wgmma"]  # the half-tile path is a second wgmma loop in the binary
+        elif one_dot and "TAILS" not in variant:
+            assert var["wgmma"] * 2 == base["wgmma"] > 0  # gate and up in one wgmma twice as wide
+        elif "TAILS" not in variant:
+            assert var["wgmma"] == base["wgmma"]  # MASK_PAD, and GEMM 2 under ONE_DOT, keep their dots
 
 
 def test_shipped_decode_configs_compile_for_sm90_as_pipelined_dependent_launches(tmp_path: Path) -> None:
