@@ -130,10 +130,16 @@ def ptxas_counts(ptx: str, arch: int) -> tuple[int | None, int | None]:
 
 
 def describe(kernel: Any, arch: int) -> dict[str, Any]:
+    """Registers, spills, shared memory and instruction counts of ``kernel``; also its widest wgmma's N and how many
+    distinct source-size operands its 16-byte cp.async copies take (one a stage where every row loads alike; more
+    where rows are masked apart, as ``MASK_PAD`` masks padding slots)."""
     ptx = kernel.asm["ptx"]
     regs, spill = ptxas_counts(ptx, arch)
+    widths = [int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n(\d+)k\d+", ptx)]
+    sizes = set(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], 0x10, (%r\d+);", ptx))
     return {"regs": regs, "spill_bytes": spill, "smem": kernel.metadata.shared,
-            **{name: len(re.findall(pat, ptx)) for name, pat in COUNTED.items()}}
+            **{name: len(re.findall(pat, ptx)) for name, pat in COUNTED.items()},
+            "wgmma_widest_n": max(widths, default=0), "copy_sizes": len(sizes)}
 
 
 def routing_counts(arch: int) -> list[dict[str, Any]]:

@@ -70,7 +70,8 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
                 TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False, PAIR_MLP: bool = False,
                 ONE_DOT: bool = False, MASK_PAD: bool = False) -> None:
     """ValueError naming the first knob that breaks its rule (16: tl.dot's least tile; None: BLOCK_N); ``DECODE``
-    and ``PAIR_MLP`` are two paths, at most one on."""
+    and ``PAIR_MLP`` are two paths, at most one on; ``ONE_DOT`` and ``MASK_PAD`` belong to the grouped path (neither
+    on)."""
     tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
     count, flag = ("an int >= 1", lambda v: _int(v) and v >= 1), ("a bool", lambda v: isinstance(v, bool))
     for name, value, (what, ok) in (("BLOCK_M", BLOCK_M, tile), ("BLOCK_N", BLOCK_N, tile), ("BLOCK_K", BLOCK_K, tile),
@@ -82,6 +83,9 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
             raise ValueError(f"fused_moe: {name} must be {what}, got {value!r}")
     if DECODE and PAIR_MLP:
         raise ValueError("fused_moe: DECODE and PAIR_MLP choose two paths; at most one may be True")
+    if (ONE_DOT or MASK_PAD) and (DECODE or PAIR_MLP):
+        raise ValueError("fused_moe: ONE_DOT and MASK_PAD are knobs of the grouped path; they need DECODE and "
+                         "PAIR_MLP False")
     if not _int(TAILS) or TAILS not in (0, 1, 2) or BLOCK_M >> TAILS < 16:
         raise ValueError("fused_moe: TAILS must be 0, 1 or 2 with BLOCK_M >> TAILS >= 16, "
                          f"got TAILS={TAILS!r} with BLOCK_M={BLOCK_M}")

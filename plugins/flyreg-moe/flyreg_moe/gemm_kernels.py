@@ -2,15 +2,16 @@
 
 Both GEMMs walk the routing's row tiles (:mod:`.routing`), each ``BLOCK_M`` slots of ``sorted_ids`` of one expert;
 a slot's pair ``p`` reads row ``p // topk`` of x (GEMM 1) or row ``p`` of h (GEMM 2), and a padding slot reads row
-0 and stores nothing. Programs walk ``GROUP_M`` row tiles per column tile, so a group shares its weight tile in L2.
+0 (nothing with ``MASK_PAD``) and stores nothing. Programs walk ``GROUP_M`` row tiles per column tile, so a group
+shares its weight tile in L2.
 GEMM 1 (:func:`_gate_up_kernel`): ``h[p] = silu(x[m] @ w1[e, :N].T) * (x[m] @ w1[e, N:].T)`` in one program. GEMM 2
 (:func:`_down_kernel`): ``y[p] = topk_weights[p] * h[p] @ w2[e].T``, the reduction over N optionally split
 ``SPLIT_K`` ways (a second grid axis) into float32 partials. :func:`_reduce_kernel`: ``out[m] = sum_j sum_s
 y_s[m * topk + j]`` over the routed pairs. With ``TMA``, ``W1`` (``W2``) is a tensor descriptor over w1 as
 [E * 2N, K] rows (w2 as [E * K, N]) in [BLOCK_N, BLOCK_K] blocks, zero-filled past the reduction's end. With
 ``ONE_DOT`` GEMM 1 multiplies gate and up columns in one dot of 2 BLOCK_N columns (one wgmma twice as wide on
-Hopper), its TMA descriptor over w1 as [E * 2, N, K] in [2, BLOCK_N, BLOCK_K] blocks; with ``MASK_PAD`` padding slots
-load nothing. GROUP_M and SPLIT_K are runtime arguments, so configs that differ only in them share one binary."""
+Hopper), its TMA descriptor over w1 as [E * 2, N, K] in [2, BLOCK_N, BLOCK_K] blocks. GROUP_M and SPLIT_K are
+runtime arguments, so configs that differ only in them share one binary."""
 
 from __future__ import annotations
 
@@ -112,27 +113,28 @@ def _gate_up_tile(X, W1, H, SORTED, BLOCK_EXPERT, pid_m, pid_n, start, rows, P, 
                   TABLE: tl.constexpr, ONE_DOT: tl.constexpr, MASK_PAD: tl.constexpr):
     # GEMM 1 of row tile pid_m (slots as _tile_pairs takes them), output columns pid_n.
     pairs, valid, e = _tile_pairs(SORTED, BLOCK_EXPERT, pid_m, start, rows, P, BLOCK_M, TABLE)
-    if ONE_DOT:
-        acc = _gate_up_one_dot(X, W1, pairs, valid, e, pid_n, topk, x_stride, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                               EVEN_K, UPCAST, TMA, MASK_PAD)
-    else:
-        acc = _gate_up_two_dots(X, W1, pairs, valid, e, pid_n, topk, x_stride, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                                EVEN_K, UPCAST, TMA, MASK_PAD)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    wcols = tl.where(col_ok, cols, 0)  # in-bounds rows of w1 for masked columns
+    ks = tl.arange(0, BLOCK_K)
+    a_ptr = X + ((pairs // topk).to(tl.int64) * x_stride)[:, None] + ks[None, :]
+    if ONE_DOT:
+        acc = _gate_up_one_dot(W1, a_ptr, ks, valid, e, pid_n, N, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, TMA,
+                               MASK_PAD)
+    else:
+        acc = _gate_up_two_dots(W1, a_ptr, ks, valid, e, pid_n, wcols, N, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST,
+                                TMA, MASK_PAD)
     out = H + (pairs.to(tl.int64) * N)[:, None] + cols[None, :]
-    mask = valid[:, None] & (cols < N)[None, :] if not EVEN_N else valid[:, None]
+    mask = valid[:, None] & col_ok[None, :] if not EVEN_N else valid[:, None]
     tl.store(out, acc.to(H.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _gate_up_two_dots(X, W1, pairs, valid, e, pid_n, topk, x_stride, N, K, BLOCK_M: tl.constexpr,
+def _gate_up_two_dots(W1, a_ptr, ks, valid, e, pid_n, wcols, N, K, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
                       TMA: tl.constexpr, MASK_PAD: tl.constexpr):
-    # silu(gate) * up of one tile, gate and up each a dot of their own.
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    wcols = tl.where(cols < N, cols, 0)  # in-bounds rows of w1 for masked columns
-    ks = tl.arange(0, BLOCK_K)
-    a_ptr = X + ((pairs // topk).to(tl.int64) * x_stride)[:, None] + ks[None, :]
+    # silu(gate) * up of one tile, gate and up each a dot of their own (a_ptr: the tile's x rows at k = 0; wcols:
+    # its columns' rows of w1, in bounds).
     if TMA:  # the tile's first gate row of w1 as [E * 2N, K]
         w_row = (e * (2 * N) + pid_n * BLOCK_N).to(tl.int32)
     else:
@@ -161,13 +163,11 @@ def _gate_up_two_dots(X, W1, pairs, valid, e, pid_n, topk, x_stride, N, K, BLOCK
 
 
 @triton.jit
-def _gate_up_one_dot(X, W1, pairs, valid, e, pid_n, topk, x_stride, N, K, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
-                     TMA: tl.constexpr, MASK_PAD: tl.constexpr):
+def _gate_up_one_dot(W1, a_ptr, ks, valid, e, pid_n, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+                     MASK_PAD: tl.constexpr):
     # silu(gate) * up of one tile from one dot over 2 BLOCK_N weight rows: pointer loads interleave gate and up
     # rows (column 2j gate j, 2j + 1 up j); TMA (W1 as [E * 2, N, K]) loads [2, BLOCK_N, BLOCK_K], gate rows first.
-    ks = tl.arange(0, BLOCK_K)
-    a_ptr = X + ((pairs // topk).to(tl.int64) * x_stride)[:, None] + ks[None, :]
     if not TMA:
         j = tl.arange(0, 2 * BLOCK_N)
         col = pid_n * BLOCK_N + j // 2

@@ -33,6 +33,7 @@ CASES = [
     ("64,64,128,8,4,4096,14336", "TMA,BLOCK_N_DOWN=128"),  # SGLang's Mixtral M = 128 tile: GEMM 2 twice GEMM 1
     ("64,128,64,4,4,4096,14336", "TMA,ONE_DOT,MASK_PAD"),  # the H200's Mixtral M = 256 tile, gate and up in one dot
     ("64,64,64,4,3,2048,768", "ONE_DOT"),                  # one dot with pointer loads
+    ("64,64,64,4,3,2048,768", "MASK_PAD"),                 # padding slots masked, pointer loads
     ("128,128,64,8,4,2880,2880", "TMA,TAILS=2,ONE_DOT"),   # one dot on the tail paths, K and N tails
 ]
 
@@ -66,9 +67,15 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
         if "TAILS" in variant and base["wgmma"] and not one_dot:
             assert var["wgmma"] > base["wgmma"]  # the half-tile path is a second wgmma loop in the binary
         elif one_dot and "TAILS" not in variant:
-            assert var["wgmma"] * 2 == base["wgmma"] > 0  # gate and up in one wgmma twice as wide
+            assert var["wgmma"] * 2 == base["wgmma"] > 0  # gate and up in one wgmma ...
         elif "TAILS" not in variant:
             assert var["wgmma"] == base["wgmma"]  # MASK_PAD, and GEMM 2 under ONE_DOT, keep their dots
+        if one_dot:
+            assert var["wgmma_widest_n"] == 2 * base["wgmma_widest_n"] > 0  # ... twice as wide, tail paths too
+        elif "BLOCK_N_DOWN" not in variant:
+            assert var["wgmma_widest_n"] == base["wgmma_widest_n"]
+        if "MASK_PAD" in variant:  # each row's copy sized by its slot's validity, not one size a stage
+            assert var["copy_sizes"] > base["copy_sizes"] > 0
 
 
 def test_shipped_decode_configs_compile_for_sm90_as_pipelined_dependent_launches(tmp_path: Path) -> None:

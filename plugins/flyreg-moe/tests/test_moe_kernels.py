@@ -236,20 +236,21 @@ def test_gemm_2_tiles_of_their_own_width_match_reference(block_n_down: int, monk
 @needs_triton
 @pytest.mark.parametrize("knobs", [{"ONE_DOT": True}, {"MASK_PAD": True}, {"ONE_DOT": True, "MASK_PAD": True}],
                          ids=["one-dot", "mask-pad", "both"])
-def test_one_dot_and_masked_padding_match_reference(knobs: dict) -> None:
+def test_one_dot_and_masked_padding_match_reference(knobs: dict[str, bool]) -> None:
     # Gate and up in one dot (interleaved pointer columns, or a [2, BLOCK_N, BLOCK_K] TMA block) and padding slots
     # that load nothing, on full, half and quarter tail tiles, a split GEMM 2, and N = 40, K = 40 that neither
-    # 16-wide columns nor 32-deep steps divide. Masked padding slots change no stored row: the same bits.
+    # 16-wide columns nor 32-deep steps divide. Masked padding slots change no stored row: the same bits as without.
     topk, E, N, K = 2, len(TAIL_COUNTS), 40, 40
     x, w1, w2, tw, _ = call(sum(TAIL_COUNTS) // topk, E, N, K, topk, device=DEVICE, seed=17)
     args = (x, w1, w2, tw, _routed(TAIL_COUNTS, topk, seed=17).to(DEVICE))
     ref = reference(*args)
-    for tails, split, tma in ((0, 1, False), (2, 2, True), (1, 1, True), (2, 2, False)):
+    for tails, split, tma in ((0, 1, False), (0, 2, True), (2, 2, True), (1, 1, True), (2, 2, False)):
         tile = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": split, "TAILS": tails, "TMA": tma}
         out = triton_call(*args, **tile, **knobs, num_warps=4)
         assert rel_err(out, ref) < TOL[torch.bfloat16], (tile, knobs)
-        if not knobs.get("ONE_DOT"):
-            assert torch.equal(out, triton_call(*args, **tile, num_warps=4)), tile
+        if knobs.get("MASK_PAD"):
+            unmasked = {**knobs, "MASK_PAD": False}
+            assert torch.equal(out, triton_call(*args, **tile, **unmasked, num_warps=4)), (tile, knobs)
 
 
 def _off_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -339,6 +340,9 @@ def test_knobs_are_checked() -> None:
     for knob in ("ONE_DOT", "MASK_PAD"):
         with pytest.raises(ValueError, match=f"{knob} must be a bool, got 'yes'"):
             triton_moe.bind_fused_moe(*args, **TILES[0], **{knob: "yes"})
+        for path in ("DECODE", "PAIR_MLP"):  # a knob another path would ignore is refused, not timed as a no-op
+            with pytest.raises(ValueError, match="ONE_DOT and MASK_PAD are knobs of the grouped path"):
+                triton_moe.bind_fused_moe(*args, **TILES[0], **{knob: True, path: True})
 
 
 PATHS = {"grouped": {}, "decode": {"DECODE": True}, "pair": {"PAIR_MLP": True}}  #: Each path's knob.
