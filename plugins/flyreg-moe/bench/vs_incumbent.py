@@ -13,7 +13,9 @@ Per cell (model shape, M), on one GPU, in one process:
   grouped path under each tile of :data:`GROUPED_MENU` the space offers (GROUP_M 1 and the most up to 16, TMA off
   and on, no split, no tails);
 * with ``--no-pdl``: the default config launched in plain stream order (``pdl=False``), beside ``default``,
-  whose launches are programmatic dependents where the device has them: the two timed in the same run.
+  whose launches are programmatic dependents where the device has them: the two timed in the same run;
+* with ``--set NAME=VALUE`` (repeatable): the served config with that knob (``served+NAME=VALUE``), where the op
+  takes it on that config (``ONE_DOT`` is refused on the decode and pair paths, so those cells leave it out).
 
 Every implementation is first checked against a float32 reference (``fused_moe_reference``) on fresh
 random inputs, then timed: ``--sets`` input sets (x, routing weights and ids drawn apart; one copy of the
@@ -26,6 +28,7 @@ the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = 
 
     python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ... | --unseen] [--M 1 2 ...] [--json out.json]
         [--menu]  (also time the decode and grouped menus and the pair path's configs at each cell)  [--no-pdl]
+        [--set ONE_DOT=true ...]
 
 ``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
 ``unzip sglang-0.5.23-*.whl 'sglang/kernels/*' 'sglang/srt/layers/moe/*' -d DIR``.
@@ -38,7 +41,7 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,6 +56,7 @@ from flyreg_moe.ops import MODEL_SHAPES
 
 from . import incumbent as inc
 from .moe_bench import copy_bandwidth, distinct_experts, rel_err, routed
+from .moe_knob_ab import check_knob, knob, with_knob
 
 #: (E, K, N, topk) of real models the plugin never tunes nor names (E >= 16): served by the default, or by the
 #: nearest artifact of another shape where lookup finds one; ``--unseen`` times them.
@@ -125,8 +129,22 @@ def grouped_menu(spec: dict[str, Any]) -> dict[str, Config]:
     return out
 
 
+def knob_variants(config: Config, knobs: Sequence[tuple[str, Any]]) -> dict[str, Config]:
+    """``config`` with each knob of ``knobs`` set, keyed ``served+NAME=VALUE``; a knob the op refuses on this config
+    (``ONE_DOT`` on the decode path, ``TAILS=2`` on 16-row tiles) is left out."""
+    out: dict[str, Config] = {}
+    for name, value in knobs:
+        cfg = with_knob(config, name, value)
+        try:
+            triton_moe.check_knobs(**cfg.kwargs)
+        except (TypeError, ValueError):
+            continue
+        out[f"served+{name}={json.dumps(value)}"] = cfg
+    return out
+
+
 def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, rounds: int, bw: float,
-               menu: bool, no_pdl: bool = False) -> dict[str, Any]:
+               menu: bool, no_pdl: bool = False, knobs: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
     E, K, N, topk = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(M)
     w1 = (torch.randn((E, 2 * N, K), generator=gen, device="cuda") * K ** -0.5).to(torch.bfloat16)
@@ -150,6 +168,7 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
                 configs[f"menu pair {k['BLOCK_N']}/{k['BLOCK_N_DOWN']}/{k['BLOCK_K']}/{cfg.hints['num_warps']}w"] = cfg
     if menu and M > GROUPED_MENU_ROWS:
         configs.update(grouped_menu(spec))
+    configs.update(knob_variants(served.config, knobs))
     op = flyreg.op("fused_moe")
     runs: dict[str, Callable[..., torch.Tensor]] = {"flyreg": op}
     with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool:  # binding compiles: the menus' in parallel
@@ -208,8 +227,12 @@ def main() -> None:
                    help="also time the decode path's menu of tiles, the pair path's configs at 3 stages and the "
                         "grouped menu's tiles")
     p.add_argument("--no-pdl", action="store_true", help="also time the default launched without PDL")
+    p.add_argument("--set", dest="knobs", type=knob, action="append", default=[], metavar="NAME=VALUE",
+                   help="NAME=VALUE: also time the served config with this knob (repeatable), e.g. ONE_DOT=true")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
+    for name, value in a.knobs:
+        check_knob(name, value)
     mods = inc.load(a.sglang)
     bw = copy_bandwidth(repeats=20)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -221,7 +244,7 @@ def main() -> None:
     rows = []
     for name in a.shapes or list(UNSEEN_SHAPES if a.unseen else MODEL_SHAPES):
         for M in a.M:
-            r = bench_cell(mods, name, M, a.sets, a.reps, a.rounds, bw, a.menu, a.no_pdl)
+            r = bench_cell(mods, name, M, a.sets, a.reps, a.rounds, bw, a.menu, a.no_pdl, a.knobs)
             torch.cuda.empty_cache()
             rows.append(r)
             print(f"{name} | {M} | {r['incumbent_ms'] * 1e3:.1f} | {r['flyreg_ms'] * 1e3:.1f} | "
@@ -237,6 +260,9 @@ def main() -> None:
                       f"({100 * r['floor_ms'] / menu[best]:.0f} % floor); " + ", ".join(
                           f"{k.removeprefix('menu ').removesuffix('_ms')}={v * 1e3:.1f}" for k, v in menu.items()),
                       flush=True)
+            for k in [k for k in r if k.startswith("served+") and k.endswith("_ms") and not k.endswith("_round_ms")]:
+                print(f"  {k.removesuffix('_ms')}: {r[k] * 1e3:.1f} us, {r['ratio_' + k.removesuffix('_ms')]:.2f}x "
+                      f"the incumbent, time over served {r[k] / r['flyreg_ms']:.3f}", flush=True)
             if a.no_pdl:
                 print(f"  default without PDL: {r['default_no_pdl_ms'] * 1e3:.1f} us; time without / with "
                       f"{r['default_no_pdl_ms'] / r['default_ms']:.3f}x", flush=True)

@@ -85,3 +85,18 @@ def test_the_incumbent_benchmarks_grouped_menu_times_offered_tiles_only() -> Non
     # Mixtral at 128 rows: SGLang's tiling there (64 rows, GEMM 1 64 gate and 64 up columns, GEMM 2 128) is timed
     assert any((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("BLOCK_N_DOWN")) == (64, 64, 128)
                for c in vs_incumbent.grouped_menu(_spec("Mixtral-8x7B", 128)).values())
+
+
+def test_the_incumbent_benchmark_times_a_knob_only_on_configs_that_take_it() -> None:
+    from flyreg_moe_bench import vs_incumbent
+
+    grouped = space.triton_default(_spec("Mixtral-8x7B", 256))
+    decode = space.triton_default(_spec("Mixtral-8x7B", 8))
+    assert decode.kwargs.get("DECODE") or decode.kwargs.get("PAIR_MLP")
+    knobs = [("ONE_DOT", True), ("MASK_PAD", True)]
+    variants = vs_incumbent.knob_variants(grouped, knobs)
+    assert list(variants) == ["served+ONE_DOT=true", "served+MASK_PAD=true"]
+    assert variants["served+ONE_DOT=true"].kwargs == {**grouped.kwargs, "ONE_DOT": True}
+    assert variants["served+ONE_DOT=true"].hints == grouped.hints
+    assert vs_incumbent.knob_variants(decode, knobs) == {}  # the decode and pair paths refuse both
+    assert list(vs_incumbent.knob_variants(grouped, [("TMA", False)])) == ["served+TMA=false"]
