@@ -70,8 +70,8 @@ def check_knobs(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, SPLIT_K:
                 TAILS: int = 0, BLOCK_N_DOWN: int | None = None, DECODE: bool = False, PAIR_MLP: bool = False,
                 ONE_DOT: bool = False, MASK_PAD: bool = False) -> None:
     """ValueError naming the first knob that breaks its rule (16: tl.dot's least tile; None: BLOCK_N); ``DECODE``
-    and ``PAIR_MLP`` are two paths, at most one on; ``ONE_DOT`` and ``MASK_PAD`` belong to the grouped path (neither
-    on)."""
+    and ``PAIR_MLP`` are two paths, at most one on; ``ONE_DOT`` and ``MASK_PAD`` belong to the grouped path, so they
+    need both off."""
     tile = ("a power of two >= 16", lambda v: _int(v) and v >= 16 and not v & (v - 1))
     count, flag = ("an int >= 1", lambda v: _int(v) and v >= 1), ("a bool", lambda v: isinstance(v, bool))
     for name, value, (what, ok) in (("BLOCK_M", BLOCK_M, tile), ("BLOCK_N", BLOCK_N, tile), ("BLOCK_K", BLOCK_K, tile),

@@ -71,7 +71,7 @@ def test_gemm_variant_compiles_for_sm90(tile: str, variant: str, tmp_path: Path)
         elif "TAILS" not in variant:
             assert var["wgmma"] == base["wgmma"]  # MASK_PAD, and GEMM 2 under ONE_DOT, keep their dots
         if one_dot:
-            assert var["wgmma_widest_n"] == 2 * base["wgmma_widest_n"] > 0  # ... twice as wide, tail paths too
+            assert var["wgmma_widest_n"] == 2 * base["wgmma_widest_n"] > 0  # ... twice as wide (the full tile's)
         elif "BLOCK_N_DOWN" not in variant:
             assert var["wgmma_widest_n"] == base["wgmma_widest_n"]
         if "MASK_PAD" in variant:  # each row's copy sized by its slot's validity, not one size a stage

@@ -99,4 +99,5 @@ def test_the_incumbent_benchmark_times_a_knob_only_on_configs_that_take_it() -> 
     assert variants["served+ONE_DOT=true"].kwargs == {**grouped.kwargs, "ONE_DOT": True}
     assert variants["served+ONE_DOT=true"].hints == grouped.hints
     assert vs_incumbent.knob_variants(decode, knobs) == {}  # the decode and pair paths refuse both
-    assert list(vs_incumbent.knob_variants(grouped, [("TMA", False)])) == ["served+TMA=false"]
+    assert grouped.kwargs["TMA"] is True  # a knob the config already has is no variant
+    assert list(vs_incumbent.knob_variants(grouped, [("TMA", False), ("TMA", True)])) == ["served+TMA=false"]
