@@ -280,14 +280,24 @@ def test_concurrent_processes_lose_no_entries() -> None:
 
 
 def _kill_writer_mid_write(target_dir: Path) -> None:
+    """Kill a process that writes artifacts in a loop while one of its temp files exists, so the file stays behind."""
+    before = set(target_dir.glob(".blob_op,*.tmp"))
     proc = subprocess.Popen([sys.executable, "-c", ARTIFACT_WRITER, str(target_dir)], stdout=subprocess.PIPE,
                             text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    deadline = time.monotonic() + 60
-    while not list(target_dir.glob(".blob_op,*.tmp")) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if set(target_dir.glob(".blob_op,*.tmp")) - before:
+                proc.send_signal(signal.SIGSTOP)  # stopped, it can neither finish the write nor remove the file
+                if set(target_dir.glob(".blob_op,*.tmp")) - before:
+                    return
+                proc.send_signal(signal.SIGCONT)  # it renamed the file between the two looks: catch the next one
+            time.sleep(0.001)
+        raise AssertionError("the writer left no temp file to kill it on within 60 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 def emit_in_a_new_process(out_dir: Path) -> None:
