@@ -60,6 +60,14 @@ def check_knob(name: str, value: Any, flag: str = "--set") -> None:
         raise SystemExit(f"{flag} {name}={value!r}: {e}") from None
 
 
+def exit_on_wrong(cell: str, errs: dict[str, float]) -> None:
+    """SystemExit naming each config whose relative error against the float32 reference is not under
+    :data:`TOLERANCE`: a wrong answer is a bug to fix, not a time to report."""
+    wrong = {k: e for k, e in errs.items() if not e < TOLERANCE}
+    if wrong:
+        raise SystemExit(f"{cell}: relative error over {TOLERANCE} against the float32 reference: {wrong}")
+
+
 def ab_cell(name: str, M: int, knob_name: str, value: Any, rounds: int, reps: int) -> dict[str, Any]:
     E, K, N, topk = MODEL_SHAPES[name]
     spec = {"E": E, "K": K, "M": space.m_bucket(M), "N": N, "backend": "triton", "dtype": "bfloat16", "topk": topk}
@@ -75,9 +83,7 @@ def ab_cell(name: str, M: int, knob_name: str, value: Any, rounds: int, reps: in
         except ValueError as e:  # the knob does not fit this config (TAILS=2 on 16-row tiles)
             skipped[k] = str(e)
     errs = {k: rel_err(run(*args), ref) for k, run in runs.items()}
-    wrong = {k: e for k, e in errs.items() if not e < TOLERANCE}
-    if wrong:  # a wrong answer is a bug to fix, not a time to report
-        raise SystemExit(f"{name} M={M}: relative error over {TOLERANCE} against the float32 reference: {wrong}")
+    exit_on_wrong(f"{name} M={M}", errs)
     times, hows = timed_in_rounds({k: (lambda run=run: run(*args)) for k, run in runs.items()}, rounds, reps)
     ms = {k: statistics.median(t) for k, t in times.items()}
 

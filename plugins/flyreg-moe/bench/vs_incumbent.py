@@ -56,7 +56,7 @@ from flyreg_moe.ops import MODEL_SHAPES
 
 from . import incumbent as inc
 from .moe_bench import copy_bandwidth, distinct_experts, rel_err, routed
-from .moe_knob_ab import TOLERANCE, check_knob, knob, with_knob
+from .moe_knob_ab import check_knob, exit_on_wrong, knob, with_knob
 
 #: (E, K, N, topk) of real models the plugin never tunes nor names (E >= 16): served by the default, or by the
 #: nearest artifact of another shape where lookup finds one; ``--unseen`` times them.
@@ -192,9 +192,7 @@ def bench_cell(mods: dict[str, Any], name: str, M: int, sets: int, reps: int, ro
                                                  else incumbent.aligned(ids)), ref)
     for key, run in runs.items():
         row[f"{key}_rel_err"] = rel_err(run(x, w1, w2, tw, ids), ref)
-    wrong = {k: row[f"{k}_rel_err"] for k in runs if k.startswith("served+") and not row[f"{k}_rel_err"] < TOLERANCE}
-    if wrong:  # a knob that breaks the answer is a bug to fix, not a time to report
-        raise SystemExit(f"{name} M={M}: relative error over {TOLERANCE} against the float32 reference: {wrong}")
+    exit_on_wrong(f"{name} M={M}", {k: row[f"{k}_rel_err"] for k in runs if k.startswith("served+")})
     # Each call of a replay takes the next input set.
     fns: dict[str, Callable[[int], Any]] = {
         "incumbent": lambda s: incumbent(inputs[s][0], w1, w2, inputs[s][1], inputs[s][2], aligned[s])}

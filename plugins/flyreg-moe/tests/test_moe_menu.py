@@ -101,3 +101,12 @@ def test_the_incumbent_benchmark_times_a_knob_only_on_configs_that_take_it() -> 
     assert vs_incumbent.knob_variants(decode, knobs) == {}  # the decode and pair paths refuse both
     assert grouped.kwargs["TMA"] is True  # a knob the config already has is no variant
     assert list(vs_incumbent.knob_variants(grouped, [("TMA", False), ("TMA", True)])) == ["served+TMA=false"]
+
+
+def test_the_benchmarks_end_on_a_wrong_answer_naming_the_config() -> None:
+    from flyreg_moe_bench import moe_knob_ab
+
+    moe_knob_ab.exit_on_wrong("Qwen3 M=1", {"served": 1e-3, "served+ONE_DOT=true": 2e-3})  # both right: no exit
+    for bad in (0.5, float("nan")):
+        with pytest.raises(SystemExit, match=r"Qwen3 M=1: relative error over .*'served\+ONE_DOT=true'"):
+            moe_knob_ab.exit_on_wrong("Qwen3 M=1", {"served": 1e-3, "served+ONE_DOT=true": bad})
