@@ -19,8 +19,9 @@ would call its CUDA extension, which the wheel does not hold, the stand-in is na
 * top-k sum: ``torch.add`` for top-2, the wheel's ``moe_sum_reduce_triton`` otherwise (SGLang's own
   choice up to 32 tokens; its CUDA ``moe_sum_reduce`` above).
 
-The config is SGLang's own lookup (``try_get_optimal_moe_config``): its shipped file for the device and
-shape where one exists (nearest M), else its default rule; :attr:`Incumbent.config_source` says which.
+The config is SGLang's own lookup (``try_get_optimal_moe_config``): its shipped file for the device (or the card
+:func:`load` is told to look up) and shape where one exists (nearest M), else its default rule;
+:attr:`Incumbent.config_source` says which.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ def _stub(name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
-def load(root: str | Path) -> dict[str, types.ModuleType]:
-    """The wheel's kernel, alignment and config modules, imported from ``root`` (which holds ``sglang/``)."""
+def load(root: str | Path, device_name: str | None = None) -> dict[str, types.ModuleType]:
+    """The wheel's kernel, alignment and config modules, imported from ``root`` (which holds ``sglang/``); with
+    ``device_name`` (``"NVIDIA H200"``), its config lookup reads that card's shipped files instead of this one's."""
     root = Path(root).resolve()
     if not (root / "sglang" / "kernels" / "ops" / "moe" / "fused_moe_triton_kernels.py").is_file():
         raise FileNotFoundError(f"--sglang {root}: no sglang/kernels/ops/moe/fused_moe_triton_kernels.py there; "
@@ -122,7 +124,7 @@ def load(root: str | Path) -> dict[str, types.ModuleType]:
     _stub("sglang.srt.runtime_context", get_exec=lambda: exec_ctx)
     _stub("sglang.srt.utils", cpu_has_amx_support=lambda: False, is_cpu=lambda: False, is_cuda=lambda: True,
           is_hip=lambda: False, is_musa=lambda: False, is_xpu=lambda: False, is_sm90_supported=lambda: sm90,
-          get_device_name=lambda device_id=0: torch.cuda.get_device_name(device_id))
+          get_device_name=lambda device_id=0: device_name or torch.cuda.get_device_name(device_id))
     return {name: importlib.import_module(name) for name in (KERNELS, ALIGN, CONFIG)}
 
 

@@ -28,7 +28,7 @@ the same run (bytes read plus written); ``% floor`` = floor / time. ``ratio`` = 
 
     python -m flyreg_moe_bench.vs_incumbent --sglang DIR [--shapes NAME ... | --unseen] [--M 1 2 ...] [--json out.json]
         [--menu]  (also time the decode and grouped menus and the pair path's configs at each cell)  [--no-pdl]
-        [--set ONE_DOT=true ...]
+        [--set ONE_DOT=true ...]  [--incumbent-device "NVIDIA H200"]  (the incumbent reads that card's shipped files)
 
 ``DIR`` holds the wheel's ``sglang/`` tree: ``pip download --no-deps sglang==0.5.23`` and
 ``unzip sglang-0.5.23-*.whl 'sglang/kernels/*' 'sglang/srt/layers/moe/*' -d DIR``.
@@ -232,16 +232,20 @@ def main() -> None:
     p.add_argument("--no-pdl", action="store_true", help="also time the default launched without PDL")
     p.add_argument("--set", dest="knobs", type=knob, action="append", default=[], metavar="NAME=VALUE",
                    help="NAME=VALUE: also time the served config with this knob (repeatable), e.g. ONE_DOT=true")
+    p.add_argument("--incumbent-device", default=None, metavar="NAME",
+                   help="the incumbent looks up its shipped configs for this card, as torch names it (e.g. "
+                        "'NVIDIA H200'), not the one it runs on")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args()
     for name, value in a.knobs:
         check_knob(name, value)
-    mods = inc.load(a.sglang)
+    mods = inc.load(a.sglang, a.incumbent_device)
     bw = copy_bandwidth(repeats=20)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "copy_bandwidth_GBps": bw / 1e9}
-    print(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {bw / 1e9:.0f} GB/s",
-          flush=True)
+            "triton": __import__("triton").__version__, "copy_bandwidth_GBps": bw / 1e9,
+            "incumbent_configs_for": a.incumbent_device or torch.cuda.get_device_name()}
+    print(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy bandwidth {bw / 1e9:.0f} GB/s, "
+          f"incumbent configs for {meta['incumbent_configs_for']}", flush=True)
     print("model | M | incumbent us | flyreg us | default us | ratio flyreg | ratio default | floor us | "
           "% floor flyreg | % floor default | incumbent config | errors (inc/flyreg/default)", flush=True)
     rows = []
