@@ -137,7 +137,8 @@ class Incumbent:
         M, topk, E = x.shape[0], topk_ids.shape[1], w1.shape[0]
         self.E = E
         found = cfg.get_moe_configs(E, w2.shape[2], None, 0, 0, False, False)
-        self.config_source = "shipped" if found else "default rule"
+        # The card whose files the lookup read (load's device_name where given), so a row says whose config it timed.
+        self.config_source = f"shipped for {cfg.get_device_name()}" if found else "default rule"
         config, (down, _) = cfg.try_get_optimal_moe_config(w1.shape, w2.shape, topk, None, M,
                                                            return_down_config=True)
         self.config = dict(config)
